@@ -1,0 +1,41 @@
+"""Timing helpers shared by the benchmarks: alternate rounds, medians, peak."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+
+def alternate(fns: dict, rounds: int = 15, warmup: int = 3, inner: int = 3) -> dict:
+    """Median seconds per call of each function, timed alternately.
+
+    Each round calls every function `inner` times in turn, so that slow drifts
+    of the machine (another process, thermal state) hit all of them alike.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times[name].append((time.perf_counter() - start) / inner)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def matmul_peak(dtype: str, size: int = 2048, rounds: int = 10) -> float:
+    """FLOP/s of a large square matmul in `dtype` (the practical peak)."""
+    a = tf.constant(np.random.default_rng(0).normal(size=(size, size)), dtype=dtype)
+    b = tf.constant(np.random.default_rng(1).normal(size=(size, size)), dtype=dtype)
+    fn = tf.function(lambda: tf.matmul(a, b))
+
+    def call():
+        fn().numpy()
+
+    seconds = alternate({"matmul": call}, rounds=rounds, warmup=2, inner=2)["matmul"]
+    return 2 * size**3 / seconds

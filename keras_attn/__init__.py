@@ -1,0 +1,26 @@
+"""keras_attn: attention layers for Keras 3.
+
+Bahdanau and Luong attention, multi-head (self-)attention, position encodings
+and Transformer blocks that compose into functional-API models, train with
+mixed precision and export as SavedModels for TF Serving.
+"""
+
+from keras_attn import layers, ops
+from keras_attn.layers import (
+    BahdanauAttention,
+    LuongAttention,
+    MultiHeadAttention,
+    MultiHeadSelfAttention,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BahdanauAttention",
+    "LuongAttention",
+    "MultiHeadAttention",
+    "MultiHeadSelfAttention",
+    "__version__",
+    "layers",
+    "ops",
+]

@@ -1,0 +1,75 @@
+"""Argument and shape checks shared by the layers.
+
+Every error names the argument and what was received, in the Keras style
+"... Received: name=value".
+"""
+
+from __future__ import annotations
+
+import numbers
+
+
+def check_rate(name: str, value) -> float:
+    """A dropout rate in [0, 1)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0.0 <= value < 1.0
+    ):
+        raise ValueError(
+            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_positive_int(name: str, value, allow_none: bool = False):
+    """A positive integer (or `None` where allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def check_choice(name: str, value, choices):
+    """One of `choices`."""
+    if value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {list(choices)}. Received: {name}={value!r}"
+        )
+    return value
+
+
+def check_rank(name: str, shape, ranks) -> None:
+    """`shape` has one of `ranks` dimensions."""
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    if shape is None or len(shape) not in ranks:
+        expected = " or ".join(str(r) for r in ranks)
+        raise ValueError(
+            f"`{name}` must have rank {expected}. "
+            f"Received: {name}.shape={None if shape is None else tuple(shape)}"
+        )
+
+
+def check_mask_shape(name: str, mask, expected_shape) -> None:
+    """`mask` has `expected_shape`, ignoring unknown dimensions on either side."""
+    if mask is None:
+        return
+    shape = tuple(mask.shape)
+    expected_shape = tuple(expected_shape)
+    compatible = len(shape) == len(expected_shape) and all(
+        got is None or want is None or got == want
+        for got, want in zip(shape, expected_shape, strict=True)
+    )
+    if not compatible:
+        raise ValueError(
+            f"`{name}` must have shape {expected_shape} (None: any size). "
+            f"Received: {name}.shape={shape}"
+        )
+
+
+def same_dim(a, b) -> bool:
+    """Two static dimensions that may be `None` agree."""
+    return a is None or b is None or a == b

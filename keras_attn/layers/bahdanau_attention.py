@@ -1,0 +1,138 @@
+"""`BahdanauAttention`: additive attention (Bahdanau et al., 2015)."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attn.layers import _validation as v
+from keras_attn.layers.base_attention import BaseAttention
+from keras_attn.ops.scores import additive_score_from_projections
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class BahdanauAttention(BaseAttention):
+    """Additive attention of Bahdanau et al., `e = vᵀ tanh(W_q q + W_k k)`.
+
+    From "Neural Machine Translation by Jointly Learning to Align and
+    Translate" (Bahdanau, Cho and Bengio, 2015,
+    https://arxiv.org/abs/1409.0473). The decoder state `q` (the paper's
+    `s_{i-1}`) and each encoder state `k` (`h_j`) are projected to `units`,
+    added, squashed with `tanh` and scored with the vector `v`; the softmax of
+    the scores weighs the values (by default the encoder states themselves).
+
+    With `normalize=True` the score is the weight-normalised variant of
+    Salimans and Kingma (2016) as in TF Addons: `v` is replaced by
+    `g · v / ||v||` with a learned scalar `g`, and a bias `b` is added inside
+    the `tanh`.
+
+    Args:
+        units: size of the projections `W_q`, `W_k` and of `v`.
+        normalize: use the weight-normalised score.
+        dropout: dropout rate on the attention weights, in [0, 1).
+        kernel_initializer: initializer of `W_q`, `W_k` and `v`.
+        kernel_regularizer: regularizer of `W_q`, `W_k` and `v`.
+        seed: seed of the dropout.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments and returns: see `BaseAttention`. The query is one decoder
+    state `(batch, dq)` or a sequence `(batch, Tq, dq)`.
+
+    Example:
+
+    ```python
+    encoder_states = keras.Input((None, 64))  # (batch, Ts, 64)
+    decoder_state = keras.Input((32,))  # (batch, 32)
+    context, weights = keras_attn.layers.BahdanauAttention(units=48)(
+        decoder_state, encoder_states, return_attention_scores=True
+    )  # (batch, 64), (batch, Ts)
+    model = keras.Model([decoder_state, encoder_states], [context, weights])
+    ```
+    """
+
+    def __init__(
+        self,
+        units: int,
+        normalize: bool = False,
+        dropout: float = 0.0,
+        kernel_initializer="glorot_uniform",
+        kernel_regularizer=None,
+        seed: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(dropout=dropout, seed=seed, **kwargs)
+        self.units = v.check_positive_int("units", units)
+        if not isinstance(normalize, bool):
+            raise ValueError(
+                f"`normalize` must be a bool. Received: normalize={normalize!r}"
+            )
+        self.normalize = normalize
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+
+    def build_score(self, query_dim: int, key_dim: int) -> None:
+        def weight(name, shape, initializer=None):
+            return self.add_weight(
+                name=name,
+                shape=shape,
+                initializer=initializer or self.kernel_initializer,
+                regularizer=self.kernel_regularizer,
+            )
+
+        self.query_kernel = weight("query_kernel", (query_dim, self.units))  # W_q
+        self.key_kernel = weight("key_kernel", (key_dim, self.units))  # W_k
+        # v is a (units,) vector; glorot on a 1-D shape would treat it as
+        # (units, units) fans, so initialise it as the column it is.
+        self.score_vector = weight("score_vector", (self.units,), "glorot_uniform")
+        if self.normalize:
+            self.score_scale = self.add_weight(
+                name="score_scale",
+                shape=(),
+                initializer=keras.initializers.Constant(math.sqrt(1.0 / self.units)),
+            )  # g
+            self.score_bias = self.add_weight(
+                name="score_bias", shape=(self.units,), initializer="zeros"
+            )  # b
+
+    def project_key(self, key):
+        """`W_k k`, `(batch, Tk, dk) -> (batch, Tk, units)`.
+
+        In a step-by-step decoder loop this is computed once per source.
+        """
+        return ops.matmul(key, ops.cast(self.key_kernel, key.dtype))
+
+    def score(self, query, key):
+        projected_query = ops.matmul(
+            query, ops.cast(self.query_kernel, query.dtype)
+        )  # (B, Tq, units)
+        projected_key = self.project_key(key)  # (B, Tk, units)
+        score_vector = self.score_vector
+        bias = None
+        if self.normalize:
+            score_vector = (
+                self.score_scale
+                * score_vector
+                * ops.rsqrt(ops.sum(ops.square(score_vector)))
+            )
+            bias = self.score_bias
+        return additive_score_from_projections(
+            projected_query, projected_key, score_vector, bias
+        )  # (B, Tq, Tk)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "normalize": self.normalize,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+            }
+        )
+        return config

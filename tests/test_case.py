@@ -1,0 +1,312 @@
+"""Shared test helpers: one `TestCase` with the checks every layer gets.
+
+Modelled on KerasHub's `tests/test_case.py` (Keras keeps its own in the
+private `keras.src`): `run_layer_test`, `run_serialization_test`,
+`run_precision_test` and `run_saved_model_test`, called once per layer with
+`named_parameters` for the variants.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import keras
+import numpy as np
+from absl.testing import parameterized
+from keras import ops
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def to_numpy(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def tree_to_numpy(structure):
+    if isinstance(structure, dict):
+        return {k: tree_to_numpy(v) for k, v in structure.items()}
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(tree_to_numpy(v) for v in structure)
+    return to_numpy(structure)
+
+
+def flatten(structure):
+    if isinstance(structure, dict):
+        return [leaf for k in sorted(structure) for leaf in flatten(structure[k])]
+    if isinstance(structure, (list, tuple)):
+        return [leaf for item in structure for leaf in flatten(item)]
+    return [structure]
+
+
+def symbolic_inputs(arrays: dict) -> dict:
+    """`keras.Input`s matching a dict of arrays (batch dim left free)."""
+    return {
+        name: keras.Input(shape=array.shape[1:], dtype=str(array.dtype), name=name)
+        for name, array in arrays.items()
+    }
+
+
+class TestCase(parameterized.TestCase):
+    """Base class of the layer tests."""
+
+    def setUp(self):
+        super().setUp()
+        keras.config.set_dtype_policy("float32")
+        keras.utils.set_random_seed(1337)
+
+    def tearDown(self):
+        keras.config.set_dtype_policy("float32")
+        super().tearDown()
+
+    # -- assertions ----------------------------------------------------------
+
+    def assertAllClose(self, actual, expected, atol=1e-6, rtol=1e-6, msg=None):
+        actual, expected = (
+            flatten(tree_to_numpy(actual)),
+            flatten(tree_to_numpy(expected)),
+        )
+        self.assertEqual(len(actual), len(expected), msg)
+        for a, e in zip(actual, expected, strict=True):
+            np.testing.assert_allclose(
+                np.asarray(a, dtype="float64"),
+                np.asarray(e, dtype="float64"),
+                atol=atol,
+                rtol=rtol,
+                err_msg=msg or "",
+            )
+
+    def assertAllFinite(self, structure, msg=None):
+        for leaf in flatten(tree_to_numpy(structure)):
+            leaf = np.asarray(leaf, dtype="float64")
+            self.assertTrue(np.all(np.isfinite(leaf)), msg or f"non-finite: {leaf}")
+
+    # -- the shared layer checks ----------------------------------------------
+
+    def run_layer_test(
+        self,
+        layer_cls,
+        init_kwargs: dict,
+        input_data: dict,
+        expected_output_shape,
+        call_kwargs: dict | None = None,
+        expected_num_trainable_weights: int | None = None,
+        run_training_check: bool = True,
+    ):
+        """Eager call, symbolic (functional) call, `compute_output_shape`,
+        jit-compiled call and one gradient step, with consistent results.
+
+        `input_data` maps call argument names to arrays; the first one is
+        passed positionally as Keras' "first argument".
+        `expected_output_shape` is a shape or a tuple of shapes, matching the
+        layer's output structure for `call_kwargs`.
+        """
+        call_kwargs = call_kwargs or {}
+        layer = layer_cls(**init_kwargs)
+        eager_out = layer(**input_data, **call_kwargs)
+        shapes = [tuple(x.shape) for x in flatten(eager_out)]
+        expected = (
+            [tuple(expected_output_shape)]
+            if isinstance(expected_output_shape[0], (int, type(None)))
+            else [tuple(s) for s in expected_output_shape]
+        )
+        self.assertEqual(shapes, expected)
+        self.assertAllFinite(eager_out)
+        if expected_num_trainable_weights is not None:
+            self.assertLen(layer.trainable_weights, expected_num_trainable_weights)
+
+        # compute_output_shape of the plain output.
+        if not call_kwargs:
+            shape_args = {f"{k}_shape": v.shape for k, v in input_data.items()}
+            try:
+                out_shape = layer.compute_output_shape(**shape_args)
+            except TypeError:
+                out_shape = layer.compute_output_shape(*shape_args.values())
+            self.assertEqual(tuple(out_shape), expected[0])
+
+        # Symbolic call in a functional model gives the same values.
+        inputs = symbolic_inputs(input_data)
+        symbolic_layer = layer_cls(**init_kwargs)
+        outputs = symbolic_layer(**inputs, **call_kwargs)
+        for sym, want in zip(flatten(outputs), expected, strict=True):
+            self.assertEqual(tuple(sym.shape)[1:], tuple(want)[1:])
+        model = keras.Model(inputs, outputs)
+        symbolic_layer.set_weights(layer.get_weights())
+        self.assertAllClose(model(input_data), eager_out, atol=1e-5, rtol=1e-5)
+
+        # A jit-compiled predict agrees with the eager call.
+        model.compile(jit_compile=True)
+        compiled = model.predict(input_data, verbose=0)
+        self.assertAllClose(compiled, eager_out, atol=1e-4, rtol=1e-4)
+
+        if run_training_check and layer.trainable_weights:
+            self._check_gradients(layer, input_data, call_kwargs)
+        return layer
+
+    def _check_gradients(self, layer, input_data, call_kwargs):
+        """Every trainable weight gets a finite gradient (TF/JAX backends)."""
+        backend = keras.backend.backend()
+        weights = layer.trainable_variables
+
+        def loss_of(outputs):
+            return sum(
+                ops.sum(ops.square(ops.cast(o, "float32"))) for o in flatten(outputs)
+            )
+
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                loss = loss_of(layer(**input_data, **call_kwargs, training=True))
+            grads = tape.gradient(loss, weights)
+        elif backend == "jax":
+            import jax
+
+            values = [w.value for w in weights]
+
+            def fn(vals):
+                mapping = list(zip(weights, vals, strict=True))
+                with keras.StatelessScope(state_mapping=mapping):
+                    return loss_of(layer(**input_data, **call_kwargs, training=True))
+
+            grads = jax.grad(fn)(values)
+        else:  # pragma: no cover - torch is not in the test matrix
+            return
+        for weight, grad in zip(weights, grads, strict=True):
+            self.assertIsNotNone(grad, f"no gradient for {weight.path}")
+            self.assertAllFinite(grad, f"non-finite gradient for {weight.path}")
+
+    def run_serialization_test(
+        self,
+        layer_cls,
+        init_kwargs: dict,
+        input_data: dict,
+        call_kwargs: dict | None = None,
+    ):
+        """`get_config` covers every init argument, `from_config` round-trips,
+        and a `.keras` save/load of a functional model gives identical outputs.
+        """
+        call_kwargs = call_kwargs or {}
+        layer = layer_cls(**init_kwargs)
+        config = layer.get_config()
+        for name in init_kwargs:
+            self.assertIn(name, config, f"get_config misses {name!r}")
+        revived = layer_cls.from_config(config)
+        self.assertEqual(
+            json.dumps(revived.get_config(), sort_keys=True, default=str),
+            json.dumps(config, sort_keys=True, default=str),
+        )
+        inputs = symbolic_inputs(input_data)
+        outputs = layer(**inputs, **call_kwargs)
+        model = keras.Model(inputs, outputs)
+        expected = model(input_data)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.keras")
+            model.save(path)
+            loaded = keras.saving.load_model(path)
+        self.assertAllClose(loaded(input_data), expected, atol=0, rtol=0)
+
+    def run_precision_test(
+        self,
+        layer_cls,
+        init_kwargs: dict,
+        input_data: dict,
+        call_kwargs: dict | None = None,
+        atol=5e-2,
+    ):
+        """Under mixed_float16 and mixed_bfloat16: float32 variables, outputs in
+        the compute dtype, finite, and close to the float32 outputs."""
+        call_kwargs = call_kwargs or {}
+        reference_layer = layer_cls(**init_kwargs)
+        reference = reference_layer(**input_data, **call_kwargs)
+        for policy, compute in (
+            ("mixed_float16", "float16"),
+            ("mixed_bfloat16", "bfloat16"),
+        ):
+            layer = layer_cls(**init_kwargs, dtype=policy)
+            layer(**input_data, **call_kwargs)
+            layer.set_weights(reference_layer.get_weights())
+            outputs = layer(**input_data, **call_kwargs)
+            for weight in layer.weights:
+                if weight.trainable:
+                    self.assertEqual(weight.dtype, "float32", weight.path)
+            float_outputs = [
+                o for o in flatten(outputs) if keras.backend.is_float_dtype(o.dtype)
+            ]
+            for output in float_outputs:
+                self.assertEqual(
+                    keras.backend.standardize_dtype(output.dtype), compute, policy
+                )
+            self.assertAllFinite(outputs, policy)
+            tolerance = atol * (2 if compute == "bfloat16" else 1)
+            self.assertAllClose(
+                [ops.cast(o, "float32") for o in flatten(outputs)],
+                [ops.cast(o, "float32") for o in flatten(reference)],
+                atol=tolerance,
+                rtol=tolerance,
+                msg=policy,
+            )
+
+    def run_saved_model_test(self, model: keras.Model, input_data):
+        """`model.export()` then `tf.saved_model.load` in a fresh Python in which
+        keras, keras_hub and keras_attn cannot be imported: same outputs."""
+        if keras.backend.backend() != "tensorflow":
+            raise RuntimeError("run_saved_model_test needs the TensorFlow backend")
+        expected = flatten(tree_to_numpy(model(input_data)))
+        with tempfile.TemporaryDirectory() as tmp:
+            export_dir = os.path.join(tmp, "export")
+            model.export(export_dir, verbose=False)
+            inputs_path = os.path.join(tmp, "inputs.npz")
+            flat_inputs = (
+                input_data
+                if isinstance(input_data, dict)
+                else {f"input_{i}": x for i, x in enumerate(flatten(input_data))}
+            )
+            np.savez(inputs_path, **{k: np.asarray(v) for k, v in flat_inputs.items()})
+            outputs_path = os.path.join(tmp, "outputs.npz")
+            kind = (
+                "dict"
+                if isinstance(input_data, dict)
+                else "list"
+                if isinstance(input_data, (list, tuple))
+                else "single"
+            )
+            script = textwrap.dedent(f"""
+                import sys
+                # TensorFlow would import keras on its own; block it and our
+                # packages so that loading must work with TensorFlow alone.
+                for blocked in ("keras", "keras_attn", "keras_hub", "keras_nlp"):
+                    sys.modules[blocked] = None
+                import numpy as np
+                import tensorflow as tf
+                loaded = tf.saved_model.load({export_dir!r})
+                data = np.load({inputs_path!r})
+                names = {list(flat_inputs)!r}
+                args = [tf.constant(data[n]) for n in names]
+                kind = {kind!r}
+                if kind == "dict":
+                    out = loaded.serve(dict(zip(names, args)))
+                elif kind == "list":
+                    out = loaded.serve(args)
+                else:
+                    out = loaded.serve(args[0])
+                flat = tf.nest.flatten(out)
+                np.savez({outputs_path!r}, *[np.asarray(t) for t in flat])
+            """)
+            result = subprocess.run(
+                [sys.executable, "-c", script],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                timeout=600,
+            )
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            got = np.load(outputs_path)
+            got = [got[f"arr_{i}"] for i in range(len(got.files))]
+        self.assertEqual(len(got), len(expected))
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_allclose(g, e, atol=1e-5, rtol=1e-5)
