@@ -1,0 +1,73 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.models.rnn_translator import (
+    ATTENTIONS,
+    rnn_translator,
+    rnn_translator_decoding,
+)
+from tests.test_case import to_numpy
+
+SOURCE = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], "int32")
+TARGET = np.array([[1, 4, 5, 6, 0], [1, 7, 8, 9, 10]], "int32")
+
+
+def build(attention):
+    return rnn_translator(
+        30, 20, embedding_dim=8, units=12, attention=attention, dropout=0.0
+    )
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_step_by_step_decoding_equals_the_teacher_forced_pass(attention):
+    model = build(attention)
+    inputs = {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
+    full = to_numpy(model(inputs))
+    assert full.shape == (2, 5, 20) and full.dtype == np.float32
+    encode, next_fn = rnn_translator_decoding(model)
+    cache = encode(SOURCE)
+    for index in range(TARGET.shape[1]):
+        logits, cache, weights = next_fn(TARGET[:, index : index + 1], cache, index)
+        # Padded target positions (loss-masked in training) may differ.
+        valid = TARGET[:, index] != 0
+        np.testing.assert_allclose(
+            to_numpy(logits)[valid], full[valid, index], atol=1e-5
+        )
+        weights = to_numpy(weights)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+        np.testing.assert_array_equal(weights[0, 4:], 0.0)  # padded source
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
+def test_padding_of_the_source_does_not_change_the_logits(attention):
+    model = build(attention)
+    padded = model({"encoder_inputs": SOURCE[:1], "decoder_inputs": TARGET[:1]})
+    trimmed = model({"encoder_inputs": SOURCE[:1, :4], "decoder_inputs": TARGET[:1]})
+    np.testing.assert_allclose(to_numpy(padded), to_numpy(trimmed), atol=1e-5)
+
+
+def test_trains_and_saves(tmp_path):
+    model = build("bahdanau")
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x = {
+        "encoder_inputs": np.tile(SOURCE, (4, 1)),
+        "decoder_inputs": np.tile(TARGET, (4, 1)),
+    }
+    y = np.tile(np.concatenate([TARGET[:, 1:], np.zeros((2, 1), "int32")], 1), (4, 1))
+    history = model.fit(x, y, epochs=3, batch_size=4, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)), atol=1e-6)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="Received: attention='luong'"):
+        rnn_translator(10, 10, attention="luong")
+    with pytest.raises(ValueError, match="Received: units=7"):
+        rnn_translator(10, 10, units=7)
