@@ -1,0 +1,38 @@
+"""Subword tokenizers and `tf.data` input pipelines for the three tasks.
+
+- `train_subword_vocabulary(texts, path, ...)`: a SentencePiece model trained
+  on a training split, saved as `path` (+ a readable `.vocab` file).
+- `SubwordTokenizer(path)`: a Keras layer that tokenizes and detokenizes with
+  TensorFlow Text ops only (runs in `tf.function`, `tf.data`, SavedModels).
+- `translation_dataset`, `classification_dataset`, `language_model_dataset`:
+  batched, padded (id 0), bucketed, cached, shuffled and prefetched
+  `tf.data.Dataset`s for `model.fit`.
+
+Special ids: `PAD_ID` 0, `UNK_ID` 1, `START_ID` 2, `END_ID` 3.
+"""
+
+from keras_attn.text.pipelines import (
+    classification_dataset,
+    language_model_dataset,
+    translation_dataset,
+)
+from keras_attn.text.tokenizer import SubwordTokenizer
+from keras_attn.text.vocabulary import (
+    END_ID,
+    PAD_ID,
+    START_ID,
+    UNK_ID,
+    train_subword_vocabulary,
+)
+
+__all__ = [
+    "END_ID",
+    "PAD_ID",
+    "START_ID",
+    "UNK_ID",
+    "SubwordTokenizer",
+    "classification_dataset",
+    "language_model_dataset",
+    "train_subword_vocabulary",
+    "translation_dataset",
+]

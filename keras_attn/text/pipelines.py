@@ -1,0 +1,403 @@
+"""`tf.data` input pipelines for translation, classification and language modelling.
+
+All three tokenize in the graph (`SubwordTokenizer.tokenize` inside
+`Dataset.map`, on batches of 256 texts), pad with `PAD_ID` (0) and never
+return Python objects, so they feed `model.fit` on any Keras backend.
+
+Padding masks: id 0 is padding and nothing else, so a model gets its masks
+from `keras.layers.Embedding(..., mask_zero=True)` or from `ids != 0`; the
+loss should ignore padded targets, e.g.
+`keras.losses.SparseCategoricalCrossentropy(ignore_class=0)`, or pass
+`sample_weight=True` to get `(inputs, targets, weights)` with weight 0.0 on
+padding.
+
+Length bucketing (`bucket_boundaries`, translation and classification):
+examples are grouped by length with `Dataset.bucket_by_sequence_length` and
+each batch is padded to its bucket's length, a small fixed set of shapes
+(XLA and JAX compile each shape once) with far less padding than padding
+everything to `max_length`. Bucketing changes the order of examples; pass
+`bucket_boundaries=None` to keep the order (batches padded to `max_length`).
+
+Order of the stages: tokenize -> `cache()` (the tokenized examples, once,
+in memory) -> `shuffle` (every epoch anew) -> batch -> `prefetch`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from keras_attn.datasets.splits import Document
+from keras_attn.text.tokenizer import SubwordTokenizer
+from keras_attn.text.vocabulary import END_ID, PAD_ID, START_ID
+
+TOKENIZE_BATCH = 256
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def translation_dataset(
+    pairs: Sequence[tuple[str, str]],
+    source_tokenizer: SubwordTokenizer,
+    target_tokenizer: SubwordTokenizer,
+    *,
+    batch_size: int = 64,
+    max_length: int = 64,
+    target_length: int | None = None,
+    shuffle: bool = True,
+    seed: int | None = None,
+    bucket_boundaries: Sequence[int] | str | None = "auto",
+    cache: bool = True,
+    sample_weight: bool = False,
+    drop_remainder: bool = False,
+) -> tf.data.Dataset:
+    """Batches of `({"encoder_inputs", "decoder_inputs"}, decoder_targets)`.
+
+    - `encoder_inputs`: the source tokens, truncated to `max_length`, no
+      special tokens.
+    - `decoder_inputs`: `START_ID` then the target tokens.
+    - `decoder_targets`: the target tokens then `END_ID` (the decoder inputs
+      shifted left by one).
+
+    Both decoder sequences hold at most `target_length` tokens: the sequence
+    `[START] target [END]` is cut to `target_length + 1` tokens before
+    shifting, so a target that is too long loses its end (and `END_ID`, since
+    the sentence did not end there); nothing is dropped.
+
+    Args:
+        pairs: `(source, target)` strings, e.g. a split of
+            `load_translation_pairs()`.
+        source_tokenizer: tokenizer of the source language.
+        target_tokenizer: tokenizer of the target language (may be the same).
+        batch_size: examples per batch.
+        max_length: maximum source length in tokens.
+        target_length: maximum decoder length, default `max_length`.
+        shuffle: reshuffle the examples every epoch.
+        seed: shuffle seed.
+        bucket_boundaries: `"auto"` (8, 16, 32, ... up to the maximum length),
+            a list of padded lengths, or `None` (no bucketing, batches padded
+            to the maximum lengths, order kept).
+        cache: keep the tokenized examples in memory after the first epoch.
+        sample_weight: also yield `float32` weights, 0.0 on padded targets.
+        drop_remainder: drop batches smaller than `batch_size`.
+
+    Returns:
+        A `tf.data.Dataset` of `int32` tensors `[batch, length]`.
+    """
+    sources, targets = _unzip_pairs(pairs)
+    target_length = target_length or max_length
+    _check_lengths(
+        batch_size=batch_size, max_length=max_length, target_length=target_length
+    )
+
+    def tokenize(source, target):
+        encoder = source_tokenizer.tokenize(source)[:, :max_length]  # (B, None)
+        target_ids = target_tokenizer.tokenize(target)  # (B, None)
+        rows = target_ids.nrows()
+        start = tf.fill([rows, 1], START_ID)
+        end = tf.fill([rows, 1], END_ID)
+        full = tf.concat([start, target_ids, end], axis=1)[:, : target_length + 1]
+        return encoder, full[:, :-1], full[:, 1:]
+
+    dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
+    dataset = (
+        dataset.batch(TOKENIZE_BATCH)
+        .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
+        .unbatch()
+        .map(_dense, num_parallel_calls=AUTOTUNE)
+    )
+    dataset = _cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
+    dataset = _batch(
+        dataset,
+        batch_size=batch_size,
+        max_lengths=(max_length, target_length, target_length),
+        length=lambda encoder, decoder_in, decoder_out: tf.maximum(
+            tf.shape(encoder)[0], tf.shape(decoder_in)[0]
+        ),
+        bucket_boundaries=bucket_boundaries,
+        drop_remainder=drop_remainder,
+    )
+
+    def to_model_inputs(encoder, decoder_in, decoder_out):
+        inputs = {"encoder_inputs": encoder, "decoder_inputs": decoder_in}
+        if sample_weight:
+            return inputs, decoder_out, tf.cast(decoder_out != PAD_ID, tf.float32)
+        return inputs, decoder_out
+
+    return dataset.map(to_model_inputs, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+
+
+def classification_dataset(
+    examples: Sequence[tuple[str, int]],
+    tokenizer: SubwordTokenizer,
+    *,
+    batch_size: int = 32,
+    max_length: int = 128,
+    shuffle: bool = True,
+    seed: int | None = None,
+    bucket_boundaries: Sequence[int] | str | None = "auto",
+    cache: bool = True,
+    drop_remainder: bool = False,
+) -> tf.data.Dataset:
+    """Batches of `(token_ids, labels)` for text classification.
+
+    Args:
+        examples: `(text, label)` with integer labels, e.g. a split of
+            `load_movie_reviews()`.
+        tokenizer: the tokenizer.
+        batch_size: examples per batch.
+        max_length: texts longer than this many tokens are truncated.
+        shuffle, seed, bucket_boundaries, cache, drop_remainder: as in
+            `translation_dataset`.
+
+    Returns:
+        A `tf.data.Dataset` of `(int32 [batch, length], int32 [batch])`.
+    """
+    if not examples:
+        raise ValueError("`examples` is empty: there is nothing to batch.")
+    try:
+        texts = [text for text, _ in examples]
+        labels = [int(label) for _, label in examples]
+        if not all(isinstance(text, str) for text in texts):
+            raise TypeError("texts must be strings")
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"`examples` must hold (text, integer label) pairs: {error}"
+        ) from error
+    _check_lengths(batch_size=batch_size, max_length=max_length)
+
+    def tokenize(text, label):
+        return tokenizer.tokenize(text)[:, :max_length], label
+
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(texts, tf.string), tf.constant(labels, tf.int32))
+    )
+    dataset = (
+        dataset.batch(TOKENIZE_BATCH)
+        .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
+        .unbatch()
+        .map(_dense, num_parallel_calls=AUTOTUNE)
+    )
+    dataset = _cache_and_shuffle(dataset, len(texts), cache, shuffle, seed)
+    dataset = _batch(
+        dataset,
+        batch_size=batch_size,
+        max_lengths=(max_length, None),
+        length=lambda ids, label: tf.shape(ids)[0],
+        bucket_boundaries=bucket_boundaries,
+        drop_remainder=drop_remainder,
+    )
+    return dataset.prefetch(AUTOTUNE)
+
+
+def language_model_dataset(
+    texts: str | Document | Sequence[str | Document],
+    tokenizer: SubwordTokenizer,
+    *,
+    sequence_length: int = 256,
+    batch_size: int = 32,
+    shuffle: bool = True,
+    seed: int | None = None,
+    cache: bool = True,
+    sample_weight: bool = False,
+    drop_remainder: bool = False,
+) -> tf.data.Dataset:
+    """Batches of `(inputs, targets)` windows of a token stream.
+
+    The texts are concatenated as they are (give them a lossless tokenizer,
+    `train_subword_vocabulary(..., lossless=True)`, so that newlines are
+    tokens) and tokenized in the graph line by line. The token stream
+    `t[0], t[1], ..., t[n-1]` is cut into windows of `sequence_length + 1`
+    tokens overlapping by one, `inputs = t[kL : kL+L]` and
+    `targets = t[kL+1 : kL+L+1]`, so every token after the first is a target
+    exactly once and the targets cover every character of the text once,
+    which is what bits per character needs: `sum(loss over targets) / ln 2 /
+    sum(len(text))`. The last window is padded with `PAD_ID` (0) inputs and
+    targets; the loss must ignore target 0 (see the module doc).
+
+    Args:
+        texts: a string, a `Document`, or a sequence of them (e.g. a split of
+            `load_shakespeare()`).
+        tokenizer: the tokenizer (lossless).
+        sequence_length: tokens per window, `L`.
+        batch_size: windows per batch.
+        shuffle: reshuffle the windows every epoch.
+        seed: shuffle seed.
+        cache: keep the windows in memory after the first epoch.
+        sample_weight: also yield `float32` weights, 0.0 on padded targets.
+        drop_remainder: drop a last batch smaller than `batch_size`.
+
+    Returns:
+        A `tf.data.Dataset` of `int32` `([batch, L], [batch, L])`.
+    """
+    lines = _lines(texts)
+    _check_lengths(batch_size=batch_size, sequence_length=sequence_length)
+    length = sequence_length
+
+    def tokenize(line_batch):
+        return tokenizer.tokenize(line_batch).flat_values  # (tokens,)
+
+    chunks = (
+        tf.data.Dataset.from_tensor_slices(tf.constant(lines, tf.string))
+        .batch(TOKENIZE_BATCH)
+        .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
+    )
+    # A last, empty chunk flagged `True` flushes the final partial window.
+    chunks = chunks.map(lambda tokens: (tokens, False)).concatenate(
+        tf.data.Dataset.from_tensors((tf.zeros([0], tf.int32), True))
+    )
+    empty = tf.zeros([0], tf.int32)
+
+    def cut_windows(state, chunk):
+        carried, inputs_rest, targets_rest = state
+        tokens, last = chunk
+        # Pair each token with the next one, across chunk boundaries.
+        stream = tf.concat([carried, tokens], axis=0)
+        inputs = tf.concat([inputs_rest, stream[:-1]], axis=0)
+        targets = tf.concat([targets_rest, stream[1:]], axis=0)
+        carried = tf.cond(tf.size(stream) > 0, lambda: stream[-1:], lambda: carried)
+        count = tf.size(inputs)
+        full = count // length
+        # On the last chunk, pad the remainder up to one more window.
+        padding = tf.where(last & (count % length > 0), length - count % length, 0)
+        inputs = tf.pad(inputs, [[0, padding]])
+        targets = tf.pad(targets, [[0, padding]])
+        windows = full + tf.cast(padding > 0, tf.int32)
+        cut = windows * length
+        emitted = (
+            tf.reshape(inputs[:cut], [-1, length]),  # (windows, L)
+            tf.reshape(targets[:cut], [-1, length]),  # (windows, L)
+        )
+        return (carried, inputs[cut:], targets[cut:]), emitted
+
+    dataset = chunks.scan((empty, empty, empty), cut_windows).unbatch()
+    dataset = dataset.map(
+        lambda inputs, targets: (
+            tf.ensure_shape(inputs, [length]),
+            tf.ensure_shape(targets, [length]),
+        )
+    )
+    if cache:
+        dataset = dataset.cache()
+    if shuffle:
+        # Windows are small: the buffer holds up to 100k (about 100 MB at L=256).
+        dataset = dataset.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if sample_weight:
+        dataset = dataset.map(
+            lambda inputs, targets: (
+                inputs,
+                targets,
+                tf.cast(targets != PAD_ID, tf.float32),
+            )
+        )
+    return dataset.prefetch(AUTOTUNE)
+
+
+def auto_bucket_boundaries(max_length: int) -> list[int]:
+    """Padded lengths 8, 16, 32, ... below `max_length`, then `max_length`."""
+    lengths = []
+    length = 8
+    while length < max_length:
+        lengths.append(length)
+        length *= 2
+    return [*lengths, max_length]
+
+
+def _batch(
+    dataset, *, batch_size, max_lengths, length, bucket_boundaries, drop_remainder
+):
+    longest = max(m for m in max_lengths if m is not None)
+    if bucket_boundaries is None:
+        shapes = tuple([m] if m is not None else [] for m in max_lengths)
+        return dataset.padded_batch(
+            batch_size,
+            padded_shapes=shapes,
+            padding_values=PAD_ID,
+            drop_remainder=drop_remainder,
+        )
+    if isinstance(bucket_boundaries, str):
+        if bucket_boundaries != "auto":
+            raise ValueError(
+                "`bucket_boundaries` must be 'auto', a list of lengths or None. "
+                f"Received: {bucket_boundaries=}"
+            )
+        padded_lengths = auto_bucket_boundaries(longest)
+    else:
+        padded_lengths = sorted({int(b) for b in bucket_boundaries})
+        if not padded_lengths or padded_lengths[0] < 1:
+            raise ValueError(
+                f"`bucket_boundaries` must be positive lengths. Received: "
+                f"{bucket_boundaries=}"
+            )
+        if padded_lengths[-1] < longest:
+            padded_lengths.append(longest)
+    # A bucket with boundary b holds lengths < b and is padded to b - 1.
+    boundaries = [padded + 1 for padded in padded_lengths]
+    return dataset.bucket_by_sequence_length(
+        element_length_func=length,
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
+        padding_values=tuple(PAD_ID if m is not None else None for m in max_lengths),
+        pad_to_bucket_boundary=True,
+        drop_remainder=drop_remainder,
+    )
+
+
+def _dense(*elements):
+    """Unbatched rows of a RaggedTensor come as 1-D ragged specs: make them dense."""
+    return tuple(
+        e.flat_values if isinstance(e, tf.RaggedTensor) else e for e in elements
+    )
+
+
+def _cache_and_shuffle(dataset, size, cache, shuffle, seed):
+    if cache:
+        dataset = dataset.cache()
+    if shuffle:
+        dataset = dataset.shuffle(
+            min(size, 100_000), seed=seed, reshuffle_each_iteration=True
+        )
+    return dataset
+
+
+def _unzip_pairs(pairs):
+    if not pairs:
+        raise ValueError("`pairs` is empty: there is nothing to batch.")
+    try:
+        sources = [source for source, _ in pairs]
+        targets = [target for _, target in pairs]
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"`pairs` must hold (source, target) strings: {error}"
+        ) from error
+    if not all(isinstance(text, str) for text in sources + targets):
+        raise ValueError("`pairs` must hold (source, target) strings.")
+    return tf.constant(sources, tf.string), tf.constant(targets, tf.string)
+
+
+def _lines(texts) -> list[str]:
+    if isinstance(texts, (str, Document)):
+        texts = [texts]
+    lines = []
+    for text in texts:
+        if isinstance(text, Document):
+            text = text.text
+        if not isinstance(text, str):
+            raise TypeError(
+                f"`texts` must hold strings or Documents. Received: {type(text)}"
+            )
+        # Each line keeps its "\n"; joining them gives the text back exactly.
+        lines.extend(line for line in re.split(r"(?<=\n)", text) if line)
+    if not "".join(lines).strip():
+        raise ValueError("`texts` is empty: there is no text to model.")
+    return lines
+
+
+def _check_lengths(**values):
+    for name, value in values.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"`{name}` must be a positive int. Received: {name}={value!r}"
+            )

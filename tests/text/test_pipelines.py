@@ -1,0 +1,253 @@
+"""`tf.data` pipelines: shapes, special tokens, truncation, bucketing, windows."""
+
+import collections
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn.datasets import Document
+from keras_attn.text import END_ID, PAD_ID, START_ID
+from keras_attn.text.pipelines import (
+    auto_bucket_boundaries,
+    classification_dataset,
+    language_model_dataset,
+    translation_dataset,
+)
+from tests.text.conftest import TRICKY_TEXT
+
+LONG_SENTENCE = " ".join(["Das ist ein sehr langer Satz mit vielen Wörtern."] * 40)
+
+
+def strip_padding(row):
+    row = list(np.asarray(row))
+    while row and row[-1] == PAD_ID:
+        row.pop()
+    return row
+
+
+def all_batches(dataset):
+    return list(dataset.as_numpy_iterator())
+
+
+def test_translation_batches(pairs, english_tokenizer, german_tokenizer):
+    dataset = translation_dataset(
+        pairs, english_tokenizer, german_tokenizer, batch_size=8, shuffle=False
+    )
+    inputs, targets = dataset.element_spec
+    assert set(inputs) == {"encoder_inputs", "decoder_inputs"}
+    assert inputs["encoder_inputs"].dtype == tf.int32 and targets.dtype == tf.int32
+    seen = collections.Counter()
+    for batch_inputs, batch_targets in all_batches(dataset):
+        encoder, decoder = (
+            batch_inputs["encoder_inputs"],
+            batch_inputs["decoder_inputs"],
+        )
+        assert decoder.shape == batch_targets.shape
+        assert encoder.shape[1] in auto_bucket_boundaries(64)
+        for source, decoder_in, decoder_out in zip(
+            encoder, decoder, batch_targets, strict=True
+        ):
+            decoder_in, decoder_out = (
+                strip_padding(decoder_in),
+                strip_padding(decoder_out),
+            )
+            assert decoder_in[0] == START_ID and decoder_out[-1] == END_ID
+            assert decoder_in[1:] == decoder_out[:-1]  # shifted by one
+            assert START_ID not in strip_padding(source)
+            english = english_tokenizer.detokenize(strip_padding(source)).numpy()
+            german = german_tokenizer.detokenize(decoder_out).numpy()
+            seen[(english.decode(), german.decode())] += 1
+    assert seen == collections.Counter(pairs)  # every pair once, nothing dropped
+
+
+def test_translation_truncation_keeps_every_example(
+    english_tokenizer, german_tokenizer
+):
+    pairs = [("Short one.", "Kurz."), (LONG_SENTENCE, LONG_SENTENCE)]
+    dataset = translation_dataset(
+        pairs,
+        english_tokenizer,
+        german_tokenizer,
+        batch_size=4,
+        max_length=12,
+        target_length=10,
+        shuffle=False,
+        bucket_boundaries=None,
+    )
+    [(inputs, targets)] = all_batches(dataset)
+    assert inputs["encoder_inputs"].shape == (2, 12)
+    assert targets.shape == inputs["decoder_inputs"].shape == (2, 10)
+    long_target = targets[1]
+    assert PAD_ID not in long_target and END_ID not in long_target  # cut, no end
+    assert inputs["decoder_inputs"][1][0] == START_ID
+    np.testing.assert_array_equal(inputs["decoder_inputs"][1][1:], long_target[:-1])
+    assert PAD_ID not in inputs["encoder_inputs"][1]
+    short = strip_padding(targets[0])
+    assert short[-1] == END_ID
+
+
+def test_translation_shuffle_seed_and_sample_weight(
+    pairs, english_tokenizer, german_tokenizer
+):
+    def first_targets(seed):
+        dataset = translation_dataset(
+            pairs,
+            english_tokenizer,
+            german_tokenizer,
+            batch_size=50,
+            seed=seed,
+            bucket_boundaries=None,
+            sample_weight=True,
+        )
+        epochs = [all_batches(dataset)[0] for _ in range(2)]
+        for _, targets, weights in epochs:
+            np.testing.assert_array_equal(
+                weights, (targets != PAD_ID).astype("float32")
+            )
+        return [e[1] for e in epochs]
+
+    one, other = first_targets(seed=3), first_targets(seed=3)
+    np.testing.assert_array_equal(one[0], other[0])  # reproducible
+    assert not np.array_equal(one[0], one[1])  # reshuffled every epoch
+
+
+def test_custom_bucket_boundaries(pairs, english_tokenizer, german_tokenizer):
+    dataset = translation_dataset(
+        pairs,
+        english_tokenizer,
+        german_tokenizer,
+        batch_size=4,
+        max_length=30,
+        bucket_boundaries=[10, 20],
+    )
+    lengths = {inputs["encoder_inputs"].shape[1] for inputs, _ in all_batches(dataset)}
+    assert lengths <= {10, 20, 30}
+    assert auto_bucket_boundaries(64) == [8, 16, 32, 64]
+    assert auto_bucket_boundaries(50) == [8, 16, 32, 50]
+    with pytest.raises(ValueError, match="bucket_boundaries"):
+        translation_dataset(
+            pairs, english_tokenizer, german_tokenizer, bucket_boundaries="some"
+        )
+
+
+def test_translation_bad_arguments(english_tokenizer, german_tokenizer):
+    with pytest.raises(ValueError, match="`pairs` is empty"):
+        translation_dataset([], english_tokenizer, german_tokenizer)
+    with pytest.raises(ValueError, match="max_length"):
+        translation_dataset(
+            [("a", "b")], english_tokenizer, german_tokenizer, max_length=0
+        )
+    with pytest.raises(ValueError, match="source, target"):
+        translation_dataset([("only one",)], english_tokenizer, german_tokenizer)
+    with pytest.raises(ValueError, match="source, target"):
+        translation_dataset([(b"bytes", "str")], english_tokenizer, german_tokenizer)
+
+
+def test_classification_batches(english_tokenizer):
+    examples = [("A fine film.", 1), ("Dull.", 0), (LONG_SENTENCE, 1)] * 5
+    dataset = classification_dataset(
+        examples, english_tokenizer, batch_size=4, max_length=16, seed=0
+    )
+    batches = all_batches(dataset)
+    labels = sorted(label for _, batch_labels in batches for label in batch_labels)
+    assert labels == sorted(label for _, label in examples)
+    for ids, batch_labels in batches:
+        assert ids.dtype == np.int32 and batch_labels.dtype == np.int32
+        assert ids.shape[1] in (8, 16) and ids.shape[0] == batch_labels.shape[0]
+    longest = max(batches, key=lambda b: b[0].shape[1])[0]
+    assert longest.shape[1] == 16 and (longest != PAD_ID).all(axis=1).any()
+    with pytest.raises(ValueError, match="empty"):
+        classification_dataset([], english_tokenizer)
+    with pytest.raises(ValueError, match="integer label"):
+        classification_dataset([("text", "positive")], english_tokenizer)
+    with pytest.raises(ValueError, match="integer label"):
+        classification_dataset([(3, 1)], english_tokenizer)
+
+
+def stream(dataset):
+    inputs, targets = zip(*all_batches(dataset), strict=True)
+    return np.concatenate(inputs).reshape(-1), np.concatenate(targets).reshape(-1)
+
+
+@pytest.mark.parametrize("sequence_length", [1, 7, 16])
+def test_language_model_windows_cover_the_stream(
+    lossless_tokenizer, play_text, sequence_length
+):
+    texts = [Document("play", play_text), TRICKY_TEXT]
+    tokens = lossless_tokenizer.tokenize(play_text + TRICKY_TEXT).numpy()
+    dataset = language_model_dataset(
+        texts,
+        lossless_tokenizer,
+        sequence_length=sequence_length,
+        batch_size=5,
+        shuffle=False,
+    )
+    assert dataset.element_spec[0].shape.as_list() == [None, sequence_length]
+    inputs, targets = stream(dataset)
+    count = len(tokens) - 1  # every token but the first is a target once
+    np.testing.assert_array_equal(inputs[:count], tokens[:-1])
+    np.testing.assert_array_equal(targets[:count], tokens[1:])
+    assert (inputs[count:] == PAD_ID).all() and (targets[count:] == PAD_ID).all()
+    assert len(inputs) - count < sequence_length  # only the last window padded
+    text = lossless_tokenizer.detokenize(tokens[:1]).numpy().decode()
+    text += lossless_tokenizer.detokenize(targets[:count]).numpy().decode()
+    assert text == play_text + TRICKY_TEXT
+
+
+def test_language_model_shuffle_and_weights(lossless_tokenizer, play_text):
+    dataset = language_model_dataset(
+        play_text * 3,
+        lossless_tokenizer,
+        sequence_length=8,
+        batch_size=4,
+        seed=1,
+        sample_weight=True,
+    )
+    ordered = language_model_dataset(
+        play_text * 3,
+        lossless_tokenizer,
+        sequence_length=8,
+        batch_size=4,
+        shuffle=False,
+    )
+    shuffled = [row.tobytes() for b in all_batches(dataset) for row in b[0]]
+    in_order = [row.tobytes() for b in all_batches(ordered) for row in b[0]]
+    assert sorted(shuffled) == sorted(in_order) and shuffled != in_order
+    for _, targets, weights in all_batches(dataset):
+        np.testing.assert_array_equal(weights, (targets != PAD_ID).astype("float32"))
+
+
+def test_language_model_bad_input(lossless_tokenizer):
+    with pytest.raises(ValueError, match="no text"):
+        language_model_dataset(["", "\n\n  "], lossless_tokenizer)
+    with pytest.raises(TypeError, match="strings or Documents"):
+        language_model_dataset([1, 2], lossless_tokenizer)
+    with pytest.raises(ValueError, match="sequence_length"):
+        language_model_dataset("text", lossless_tokenizer, sequence_length=0)
+
+
+def test_pipelines_feed_model_fit(pairs, english_tokenizer, german_tokenizer):
+    """A masked toy model trains on the translation batches (padding ignored)."""
+    dataset = translation_dataset(
+        pairs, english_tokenizer, german_tokenizer, batch_size=16, max_length=16
+    )
+    vocabulary = german_tokenizer.vocabulary_size
+    encoder = keras.Input(shape=(None,), dtype="int32", name="encoder_inputs")
+    decoder = keras.Input(shape=(None,), dtype="int32", name="decoder_inputs")
+    embedded = keras.layers.Embedding(vocabulary, 8, mask_zero=True)(decoder)
+    context = keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(english_tokenizer.vocabulary_size, 8, mask_zero=True)(
+            encoder
+        )
+    )
+    hidden = embedded + keras.layers.Reshape((1, 8))(context)
+    logits = keras.layers.Dense(vocabulary)(hidden)
+    model = keras.Model({"encoder_inputs": encoder, "decoder_inputs": decoder}, logits)
+    model.compile(
+        "adam",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+    )
+    history = model.fit(dataset, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
