@@ -5,7 +5,7 @@ and Transformer blocks that compose into functional-API models, train with
 mixed precision and export as SavedModels for TF Serving.
 """
 
-from keras_attn import layers, ops
+from keras_attn import generation, layers, ops
 from keras_attn.layers import (
     BahdanauAttention,
     LuongAttention,
@@ -21,6 +21,7 @@ __all__ = [
     "MultiHeadAttention",
     "MultiHeadSelfAttention",
     "__version__",
+    "generation",
     "layers",
     "ops",
 ]

@@ -9,13 +9,18 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `tf_only` cannot run on another backend: deselect them there
-    (the TensorFlow run covers them), rather than skipping inside the test."""
-    if keras.backend.backend() == "tensorflow":
-        return
+    """Tests marked `tf_only` / `jax_only` cannot run on the other backend:
+    deselect them there (the other run covers them), rather than skipping
+    inside the test."""
+    backend = keras.backend.backend()
+    wrong = {"tf_only": backend != "tensorflow", "jax_only": backend != "jax"}
     kept, deselected = [], []
     for item in items:
-        (deselected if item.get_closest_marker("tf_only") else kept).append(item)
+        other_backend = any(
+            item.get_closest_marker(marker) and is_wrong
+            for marker, is_wrong in wrong.items()
+        )
+        (deselected if other_backend else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept

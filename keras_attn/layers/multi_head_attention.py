@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_attn.layers import _validation as v
 from keras_attn.ops.attention import dot_product_attention
+from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
     causal_mask,
@@ -66,7 +67,7 @@ class MultiHeadAttention(keras.layers.Layer):
         cache: optional tuple `(key_cache, value_cache)`, each
             `(batch, Tmax, heads, head_dim)`. With `cache_update_index`, the
             projected keys and values of this call are written into the cache
-            at that index (`ops.slice_update`) and the query attends to the
+            at that index (`keras_attn.ops.update_cache`) and the query attends to the
             whole cache; the masks then cover the `Tmax` cache positions.
             Without it the cache is used as it is (cross-attention keys and
             values computed once per source with `compute_key_value`).
@@ -250,13 +251,8 @@ class MultiHeadAttention(keras.layers.Layer):
             if cache_update_index is None:
                 key_heads, value_heads = key_cache, value_cache
             else:
-                start = [0, cache_update_index, 0, 0]
-                key_heads = ops.slice_update(
-                    key_cache, start, ops.cast(new_keys, key_cache.dtype)
-                )
-                value_heads = ops.slice_update(
-                    value_cache, start, ops.cast(new_values, value_cache.dtype)
-                )
+                key_heads = update_cache(key_cache, new_keys, cache_update_index)
+                value_heads = update_cache(value_cache, new_values, cache_update_index)
             cache = (key_heads, value_heads)
         key_length = key_heads.shape[1]
         self._check_masks(

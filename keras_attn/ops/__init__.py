@@ -1,6 +1,7 @@
 """Pure attention functions: scores, masks, masked softmax, attention."""
 
 from keras_attn.ops.attention import dot_product_attention, weighted_sum
+from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
     causal_mask,
@@ -33,5 +34,6 @@ __all__ = [
     "padding_mask",
     "padding_mask_from_lengths",
     "scaled_dot_score",
+    "update_cache",
     "weighted_sum",
 ]

@@ -1,0 +1,35 @@
+"""Decoding over a KV cache: greedy, beam search, sampling.
+
+Every decoder is one `ops.while_loop` over a user `next_fn`:
+
+```
+logits, cache = next_fn(token_ids, cache, index)
+```
+
+(token ids `(B, T)` at positions `index..index+T-1`, a fixed-shape cache nest
+with the batch on axis 0, a scalar int32 `index`; logits `(B, vocab)` or
+`(B, T, vocab)` for the token after the last input). It traces once under
+`tf.function` / `jax.jit`, uses TF ops only on TensorFlow and exports in a
+SavedModel. See `Sampler` for the full contract.
+"""
+
+from keras_attn.generation.beam_sampler import BeamSampler, length_penalty
+from keras_attn.generation.decoding import beam_search, greedy_search, sample
+from keras_attn.generation.greedy_sampler import GreedySampler
+from keras_attn.generation.random_sampler import RandomSampler
+from keras_attn.generation.sampler import Sampler
+from keras_attn.generation.top_k_sampler import TopKSampler
+from keras_attn.generation.top_p_sampler import TopPSampler
+
+__all__ = [
+    "BeamSampler",
+    "GreedySampler",
+    "RandomSampler",
+    "Sampler",
+    "TopKSampler",
+    "TopPSampler",
+    "beam_search",
+    "greedy_search",
+    "length_penalty",
+    "sample",
+]
