@@ -7,19 +7,31 @@ mixed precision and export as SavedModels for TF Serving.
 
 from keras_attn import generation, layers, ops
 from keras_attn.layers import (
+    AttentionPooling,
     BahdanauAttention,
     LuongAttention,
     MultiHeadAttention,
     MultiHeadSelfAttention,
+    PositionEmbedding,
+    SinusoidalPositionEncoding,
+    TokenAndPositionEmbedding,
+    TransformerDecoderBlock,
+    TransformerEncoderBlock,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionPooling",
     "BahdanauAttention",
     "LuongAttention",
     "MultiHeadAttention",
     "MultiHeadSelfAttention",
+    "PositionEmbedding",
+    "SinusoidalPositionEncoding",
+    "TokenAndPositionEmbedding",
+    "TransformerDecoderBlock",
+    "TransformerEncoderBlock",
     "__version__",
     "generation",
     "layers",

@@ -1,15 +1,27 @@
 """Public Keras layers of keras_attn."""
 
+from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.layers.bahdanau_attention import BahdanauAttention
 from keras_attn.layers.base_attention import BaseAttention
 from keras_attn.layers.luong_attention import LuongAttention
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
+from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 
 __all__ = [
+    "AttentionPooling",
     "BahdanauAttention",
     "BaseAttention",
     "LuongAttention",
     "MultiHeadAttention",
     "MultiHeadSelfAttention",
+    "PositionEmbedding",
+    "SinusoidalPositionEncoding",
+    "TokenAndPositionEmbedding",
+    "TransformerDecoderBlock",
+    "TransformerEncoderBlock",
 ]

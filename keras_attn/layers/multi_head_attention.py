@@ -18,6 +18,46 @@ from keras_attn.ops.masks import (
 )
 
 
+class _ProjectionDense(keras.layers.EinsumDense):
+    """`EinsumDense` whose head projections run as one 2-D matmul.
+
+    On TensorFlow, Keras computes `abc,cde->abde` as a batched matmul that
+    broadcasts the kernel over the batch, whose kernel gradient is a
+    per-example product summed over the batch. Flattening the tokens first
+    gives one `(B*T, d) x (d, N*H)` matmul forward and backward. Same
+    weights, same config as `EinsumDense`.
+    """
+
+    def call(self, inputs, training=None):
+        if (
+            self.equation not in ("abc,cde->abde", "abcd,cde->abe")
+            or getattr(self, "quantization_mode", None)
+            or getattr(self, "lora_enabled", False)
+        ):
+            return super().call(inputs, training=training)
+        kernel = ops.cast(self.kernel, self.compute_dtype)
+        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        if self.equation == "abc,cde->abde":
+            model_dim, heads, head_dim = kernel.shape
+            flat = ops.reshape(inputs, (-1, model_dim))  # (B*T, d)
+            outputs = ops.matmul(
+                flat, ops.reshape(kernel, (model_dim, heads * head_dim))
+            )
+            if self.bias is not None:
+                outputs = outputs + ops.reshape(
+                    ops.cast(self.bias, outputs.dtype), (heads * head_dim,)
+                )
+            return ops.reshape(
+                outputs, (batch, length, heads, head_dim)
+            )  # (B, T, N, H)
+        heads, head_dim, output_dim = kernel.shape
+        flat = ops.reshape(inputs, (-1, heads * head_dim))  # (B*T, N*H)
+        outputs = ops.matmul(flat, ops.reshape(kernel, (heads * head_dim, output_dim)))
+        if self.bias is not None:
+            outputs = outputs + ops.cast(self.bias, outputs.dtype)
+        return ops.reshape(outputs, (batch, length, output_dim))  # (B, T, d_out)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention of Vaswani et al. (2017), with a KV cache.
@@ -129,7 +169,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.value_dim or self.key_dim
 
     def _dense(self, name, equation, output_shape, bias_axes):
-        dense = keras.layers.EinsumDense(
+        dense = _ProjectionDense(
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,

@@ -27,7 +27,9 @@ class MultiHeadSelfAttention(MultiHeadAttention):
 
     Call arguments:
         inputs: `(batch, T, d_model)`.
-        mask: boolean padding mask `(batch, T)`; filled from a Keras mask.
+        mask: boolean padding mask `(batch, T)`; filled from a Keras mask
+            (Keras fills `inputs_mask` instead when other tensors are passed,
+            e.g. `attention_mask`: both are honoured).
             Padded positions are ignored as keys and give zero output rows.
         attention_mask: boolean `(batch, T, T)` (with a cache:
             `(batch, T, Tmax)`), combined with `mask` and the causal mask.
@@ -86,7 +88,11 @@ class MultiHeadSelfAttention(MultiHeadAttention):
         training=None,
         cache=None,
         cache_update_index=None,
+        inputs_mask=None,
     ):
+        # Keras fills `mask` when `inputs` is the only tensor argument and
+        # `inputs_mask` when there are others (an attention mask, a cache).
+        mask = inputs_mask if mask is None else mask
         key_mask = None if cache is not None else mask
         return super().call(
             inputs,
@@ -113,7 +119,9 @@ class MultiHeadSelfAttention(MultiHeadAttention):
         training=None,
         cache=None,
         cache_update_index=None,
+        inputs_mask=None,
     ):
+        mask = inputs_mask if mask is None else mask
         return super().compute_output_spec(
             inputs,
             inputs,

@@ -24,15 +24,16 @@ def weighted_sum(weights, value):
     return ops.matmul(ops.cast(weights, value.dtype), value)
 
 
-def _has_fused_kernel(dtype) -> bool:
+def _has_fused_kernel() -> bool:
     """Whether `keras.ops.dot_product_attention` is the better path here.
 
     On JAX and PyTorch it dispatches to XLA/cuDNN/flash kernels that compute
-    the logits in float32. The TensorFlow backend computes float16 logits in
-    float16, which can overflow, so float16 on TensorFlow takes the explicit
-    path (float32 logits) instead.
+    the logits in float32. The TensorFlow backend has no fused kernel: it runs
+    einsums over the `(B, T, N, H)` layout (and float16 logits in float16,
+    which can overflow); the explicit path's two batched matmuls over
+    `(B, N, T, H)` are faster, so TensorFlow always takes the explicit path.
     """
-    return not (keras.backend.backend() == "tensorflow" and dtype == "float16")
+    return keras.backend.backend() != "tensorflow"
 
 
 def _rows_with_keys(mask):
@@ -93,7 +94,7 @@ def dot_product_attention(
         not return_weights
         and not dropout_active
         and same_head_dims
-        and _has_fused_kernel(query.dtype)
+        and _has_fused_kernel()
     ):
         outputs = ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale
@@ -105,16 +106,20 @@ def dot_product_attention(
         return outputs
 
     logits_dtype = "float32" if query.dtype == "float16" else query.dtype
-    query = ops.cast(query, logits_dtype)
-    key = ops.cast(key, logits_dtype)
+    # Batched matmuls over (B, N, T, H): the heads move next to the batch
+    # once, and the backward pass transposes no (Tq, Tk) tensor.
+    query = ops.transpose(ops.cast(query, logits_dtype), (0, 2, 1, 3))  # (B, N, Tq, H)
+    key = ops.transpose(ops.cast(key, logits_dtype), (0, 2, 3, 1))  # (B, N, H, Tk)
     query = ops.multiply(query, ops.cast(scale, logits_dtype))
-    logits = ops.einsum("btnh,bsnh->bnts", query, key)  # (B, N, Tq, Tk)
+    logits = ops.matmul(query, key)  # (B, N, Tq, Tk)
     weights = masked_softmax(logits, mask)  # float32 (B, N, Tq, Tk)
     weights = ops.cast(weights, value.dtype)
     attended = weights
     if dropout_active:
         attended = keras.random.dropout(weights, rate=dropout_rate, seed=seed_generator)
-    outputs = ops.einsum("bnts,bsnh->btnh", attended, value)  # (B, Tq, N, Hv)
+    value = ops.transpose(value, (0, 2, 1, 3))  # (B, N, Tk, Hv)
+    outputs = ops.matmul(attended, value)  # (B, N, Tq, Hv)
+    outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, Tq, N, Hv)
     if return_weights:
         return outputs, weights
     return outputs

@@ -237,3 +237,18 @@ class MultiHeadAttentionTest(TestCase):
             MultiHeadSelfAttention(num_heads=2)(
                 inputs, attention_mask=keras.Input((3, 3))
             )
+
+
+def test_self_attention_keeps_the_keras_mask_next_to_an_attention_mask():
+    # With a second tensor argument Keras fills `inputs_mask`, not `mask`.
+    tokens = keras.Input((None,), dtype="int32")
+    pairs = keras.Input((None, None), dtype="bool")
+    x = keras.layers.Embedding(20, 8, mask_zero=True)(tokens)
+    layer = MultiHeadSelfAttention(num_heads=2)
+    model = keras.Model([tokens, pairs], layer(x, attention_mask=pairs))
+    ids = np.array([[3, 4, 0, 0]])
+    everything = np.ones((1, 4, 4), bool)
+    out = to_numpy(model([ids, everything]))
+    np.testing.assert_array_equal(out[0, 2:], 0.0)  # padded queries
+    trimmed = to_numpy(model([ids[:, :2], everything[:, :2, :2]]))
+    np.testing.assert_allclose(out[:, :2], trimmed, atol=1e-5)  # padded keys ignored

@@ -1,0 +1,232 @@
+"""`TokenAndPositionEmbedding`: token embedding plus a position encoding."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attn.layers import _validation as v
+from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+
+POSITION_KINDS = ("sinusoidal", "learned")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding plus position encoding, the input of a Transformer.
+
+    From "Attention Is All You Need" (https://arxiv.org/abs/1706.03762),
+    section 3.4-3.5: `x_t = E[token_t] · scale + p(t)` with `p` the sinusoidal
+    encoding (`position="sinusoidal"`, the paper's choice) or a learned table
+    (`position="learned"`, BERT/GPT style).
+
+    `scale_embeddings` defaults to `False` (as `keras_hub`'s
+    `TokenAndPositionEmbedding` and the Keras examples do); `True` multiplies
+    the token embeddings by `sqrt(embedding_dim)` as the paper does, which
+    suits an initializer of standard deviation `embedding_dim ** -0.5`.
+
+    With `mask_zero=True` token id 0 is padding: the layer's Keras mask
+    `(batch, T)` (`True` for real tokens) flows on to the attention layers and
+    blocks downstream.
+
+    Args:
+        vocabulary_size: number of token ids (id 0 included).
+        sequence_length: the longest sequence (counting `start_index`); the
+            size of the learned table, and a bound checked on static shapes
+            for the sinusoids (`None` allowed there: no bound).
+        embedding_dim: size of the embeddings.
+        position: `"sinusoidal"` or `"learned"`.
+        mask_zero: whether token id 0 is padding.
+        scale_embeddings: multiply token embeddings by `sqrt(embedding_dim)`.
+        embeddings_initializer: initializer of the token embeddings.
+        position_initializer: initializer of the learned position table.
+        max_wavelength: the `10000` of the sinusoids.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: int tensor `(batch, T)` of token ids; with `reverse=True`,
+            hidden states `(batch, T, embedding_dim)`.
+        start_index: int or scalar int tensor, the position of the first token
+            (cached decoding passes the index of the token being decoded).
+        positions: optional int tensor `(T,)` or `(batch, T)` of explicit
+            positions; overrides `start_index`.
+        reverse: project hidden states onto the vocabulary with the token
+            embedding matrix instead (`logits = hidden · Eᵀ`, the tied
+            pre-softmax projection of the paper, section 3.4).
+
+    Returns:
+        `(batch, T, embedding_dim)` in the compute dtype, with the padding
+        mask attached as its Keras mask when `mask_zero=True`; with
+        `reverse=True`, logits `(batch, T, vocabulary_size)` in the compute
+        dtype (cast them to float32 for the loss), with the hidden states'
+        Keras mask.
+
+    Example:
+
+    ```python
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras_attn.layers.TokenAndPositionEmbedding(
+        vocabulary_size=8000, sequence_length=256, embedding_dim=128
+    )(tokens)  # (batch, T, 128), Keras mask tokens != 0
+    ```
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int,
+        sequence_length: int | None,
+        embedding_dim: int,
+        position: str = "sinusoidal",
+        mask_zero: bool = True,
+        scale_embeddings: bool = False,
+        embeddings_initializer="uniform",
+        position_initializer="glorot_uniform",
+        max_wavelength: float = 10000,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocabulary_size = v.check_positive_int("vocabulary_size", vocabulary_size)
+        self.position = v.check_choice("position", position, POSITION_KINDS)
+        self.sequence_length = v.check_positive_int(
+            "sequence_length", sequence_length, allow_none=position == "sinusoidal"
+        )
+        self.embedding_dim = v.check_positive_int("embedding_dim", embedding_dim)
+        for name, value in (
+            ("mask_zero", mask_zero),
+            ("scale_embeddings", scale_embeddings),
+        ):
+            if not isinstance(value, bool):
+                raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
+        if (
+            isinstance(max_wavelength, bool)
+            or not isinstance(max_wavelength, numbers.Real)
+            or not max_wavelength > 0
+        ):
+            raise ValueError(
+                "`max_wavelength` must be a positive number. "
+                f"Received: max_wavelength={max_wavelength!r}"
+            )
+        self.mask_zero = mask_zero
+        self.scale_embeddings = scale_embeddings
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.position_initializer = keras.initializers.get(position_initializer)
+        self.max_wavelength = max_wavelength
+        self.supports_masking = True
+
+        self.token_embedding = keras.layers.Embedding(
+            self.vocabulary_size,
+            self.embedding_dim,
+            embeddings_initializer=self.embeddings_initializer,
+            mask_zero=mask_zero,
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        if position == "learned":
+            self.position_embedding = PositionEmbedding(
+                self.sequence_length,
+                initializer=self.position_initializer,
+                dtype=self.dtype_policy,
+                name="position_embedding",
+            )
+        else:
+            self.position_embedding = SinusoidalPositionEncoding(
+                max_wavelength=max_wavelength,
+                dtype=self.dtype_policy,
+                name="position_embedding",
+            )
+
+    def build(self, inputs_shape):
+        v.check_rank("inputs", inputs_shape, (2, 3))
+        ids_shape = tuple(inputs_shape)[:2]  # a rank-3 first call is `reverse`
+        self.token_embedding.build(ids_shape)
+        self.position_embedding.build((*ids_shape, self.embedding_dim))
+        self.built = True
+
+    def call(self, inputs, start_index=0, positions=None, reverse=False):
+        if reverse:
+            return self._logits(inputs)
+        v.check_rank("inputs", inputs.shape, 2)
+        length = inputs.shape[1]
+        if (
+            self.sequence_length is not None
+            and positions is None
+            and length is not None
+            and isinstance(start_index, int)
+            and start_index + length > self.sequence_length
+        ):
+            raise ValueError(
+                "`start_index + T` must not exceed `sequence_length`. "
+                f"Received: start_index={start_index}, "
+                f"inputs.shape={tuple(inputs.shape)}, "
+                f"sequence_length={self.sequence_length}"
+            )
+        embedded = self.token_embedding(inputs)  # (B, T, d)
+        if self.scale_embeddings:
+            embedded = ops.multiply(
+                embedded,
+                ops.cast(math.sqrt(self.embedding_dim), embedded.dtype),
+            )
+        encoded = self.position_embedding(
+            embedded, start_index=start_index, positions=positions
+        )  # (B, T, d)
+        return ops.add(embedded, encoded)
+
+    def _logits(self, hidden):
+        """`hidden · Eᵀ`: the tied output projection onto the vocabulary."""
+        self._check_hidden(hidden.shape)
+        table = ops.cast(self.token_embedding.embeddings, self.compute_dtype)  # (V, d)
+        hidden = ops.cast(hidden, self.compute_dtype)
+        return ops.matmul(hidden, ops.transpose(table))  # (B, T, V)
+
+    def _check_hidden(self, shape):
+        v.check_rank("inputs", shape, 3)
+        if not v.same_dim(shape[-1], self.embedding_dim):
+            raise ValueError(
+                "With `reverse=True`, `inputs` must be hidden states of size "
+                f"`embedding_dim={self.embedding_dim}`. "
+                f"Received: inputs.shape={tuple(shape)}"
+            )
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero or keras.backend.is_float_dtype(inputs.dtype):
+            return mask  # `reverse`: the hidden states' mask goes on
+        return ops.not_equal(inputs, 0)  # (B, T)
+
+    def compute_output_shape(self, inputs_shape, reverse=False):
+        if reverse:
+            self._check_hidden(inputs_shape)
+            return (*tuple(inputs_shape)[:-1], self.vocabulary_size)
+        return (*tuple(inputs_shape), self.embedding_dim)
+
+    def compute_output_spec(self, inputs, start_index=0, positions=None, reverse=False):
+        if not reverse:
+            v.check_rank("inputs", inputs.shape, 2)
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape, reverse=reverse),
+            dtype=self.compute_dtype,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "sequence_length": self.sequence_length,
+                "embedding_dim": self.embedding_dim,
+                "position": self.position,
+                "mask_zero": self.mask_zero,
+                "scale_embeddings": self.scale_embeddings,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+                "position_initializer": keras.initializers.serialize(
+                    self.position_initializer
+                ),
+                "max_wavelength": self.max_wavelength,
+            }
+        )
+        return config

@@ -1,0 +1,151 @@
+"""`TransformerEncoderBlock`: self-attention and feed-forward, each with Add & Norm."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_attn.layers import _validation as v
+from keras_attn.layers._transformer_block import TransformerBlockBase, first_given
+from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
+from keras_attn.ops.masks import padding_mask as as_padding_mask
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerEncoderBlock(TransformerBlockBase):
+    """One encoder layer of the Transformer (Vaswani et al., 2017).
+
+    From "Attention Is All You Need" (https://arxiv.org/abs/1706.03762),
+    section 3.1: multi-head self-attention, then a position-wise feed-forward
+    network, each wrapped in a residual connection and layer normalization:
+
+        x = LayerNorm(x + Dropout(SelfAttention(x)))
+        x = LayerNorm(x + Dropout(W2 · activation(W1 · x + b1) + b2))
+
+    With `normalize_first=True` the blocks are pre-norm (GPT-2 style,
+    `x = x + Dropout(Sublayer(LayerNorm(x)))`), which trains more stably in
+    deep stacks; the last block's output is then not normalized.
+
+    The weights have the shapes, names and order of
+    `keras_hub.layers.TransformerEncoder`, so they copy with
+    `set_weights(get_weights())`. Padded positions are ignored as keys, and
+    their own rows get a zero attention output (never NaN).
+
+    Args:
+        num_heads: number of attention heads.
+        intermediate_dim: hidden size of the feed-forward network.
+        dropout: dropout rate after each sublayer (and on the attention
+            weights unless `attention_dropout` is given).
+        activation: activation of the feed-forward network.
+        normalize_first: pre-norm (`True`) or post-norm (`False`, the paper).
+        layer_norm_epsilon: epsilon of the layer norms.
+        key_dim: size of each head; defaults to `d_model // num_heads`.
+        attention_dropout: dropout rate on the attention weights; defaults to
+            `dropout` (as keras-hub). `0` keeps the fused attention path in
+            training.
+        kernel_initializer, bias_initializer: of the dense and attention
+            projections.
+        seed: seed of the dropouts.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(batch, T, d_model)`.
+        padding_mask: boolean `(batch, T)`, `True` for real tokens. Defaults to
+            the Keras mask of `inputs` (e.g. from `Embedding(mask_zero=True)`
+            or `TokenAndPositionEmbedding`).
+        attention_mask: boolean `(batch, T, T)`, `True` where query `i` may
+            attend to key `j`; combined with the padding mask.
+        return_attention_scores: also return the attention weights.
+        training: whether dropout is active.
+        mask, inputs_mask: filled by Keras with the Keras mask of `inputs`
+            (`mask` when `inputs` is the only tensor argument, `inputs_mask`
+            otherwise); pass `padding_mask` instead.
+
+    Returns:
+        `outputs` `(batch, T, d_model)`, or `(outputs, weights)` with
+        `return_attention_scores=True`, weights `(batch, num_heads, T, T)`.
+        The Keras mask of `inputs` is passed on.
+
+    Example:
+
+    ```python
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras_attn.layers.TokenAndPositionEmbedding(8000, 256, 128)(tokens)
+    x = keras_attn.layers.TransformerEncoderBlock(num_heads=4, intermediate_dim=512)(x)
+    encoder = keras.Model(tokens, x)  # (batch, T, 128), padding mask passed on
+    ```
+    """
+
+    def build(self, inputs_shape):
+        self._check_model_dim("inputs", inputs_shape)
+        self.self_attention = MultiHeadSelfAttention(
+            key_dim=self.key_dim,
+            name="self_attention_layer",
+            **self._attention_kwargs(),
+        )
+        self.self_attention.build(inputs_shape)
+        self.self_attention_layer_norm = self._layer_norm(
+            "self_attention_layer_norm", inputs_shape
+        )
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self.feedforward_layer_norm = self._layer_norm(
+            "feedforward_layer_norm", inputs_shape
+        )
+        self._build_feed_forward(inputs_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores: bool = False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        padding = as_padding_mask(first_given(padding_mask, inputs_mask, mask))
+        attended = self.self_attention(
+            self._pre(inputs, self.self_attention_layer_norm),
+            mask=padding,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )  # (B, T, d) [, (B, N, T, T)]
+        if return_attention_scores:
+            attended, weights = attended
+        x = self._post(
+            inputs,
+            attended,
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            training,
+        )
+        outputs = self._feed_forward_block(x, training)
+        return (outputs, weights) if return_attention_scores else outputs
+
+    def compute_output_shape(
+        self, inputs_shape, padding_mask_shape=None, attention_mask_shape=None
+    ):
+        return tuple(inputs_shape)
+
+    def compute_output_spec(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        v.check_rank("inputs", inputs.shape, 3)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        v.check_mask_shape("padding_mask", padding_mask, (batch, length))
+        v.check_mask_shape("attention_mask", attention_mask, (batch, length, length))
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return outputs
+        weights = keras.KerasTensor(
+            (batch, self.num_heads, length, length), dtype=self.compute_dtype
+        )
+        return outputs, weights
