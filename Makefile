@@ -33,6 +33,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+demo: $(STAMP)
+	$(PY) examples/demo.py --out artifacts/demo
+
 test: lint test-tf test-jax
 
 test-tf: $(STAMP)

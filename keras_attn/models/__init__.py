@@ -3,7 +3,34 @@
 from keras_attn.models.rnn_translator import (
     BahdanauDecoder,
     rnn_translator,
+    rnn_translator_alignment,
     rnn_translator_decoding,
 )
+from keras_attn.models.sentiment_classifier import (
+    sentiment_classifier,
+    sentiment_token_weights,
+)
+from keras_attn.models.transformer import (
+    transformer_language_model,
+    transformer_language_model_decoding,
+    transformer_translator,
+    transformer_translator_alignment,
+    transformer_translator_decoding,
+)
+from keras_attn.models.translator import TranslatorAdapter, translator_adapter
 
-__all__ = ["BahdanauDecoder", "rnn_translator", "rnn_translator_decoding"]
+__all__ = [
+    "BahdanauDecoder",
+    "TranslatorAdapter",
+    "rnn_translator",
+    "rnn_translator_alignment",
+    "rnn_translator_decoding",
+    "sentiment_classifier",
+    "sentiment_token_weights",
+    "transformer_language_model",
+    "transformer_language_model_decoding",
+    "transformer_translator",
+    "transformer_translator_alignment",
+    "transformer_translator_decoding",
+    "translator_adapter",
+]

@@ -8,6 +8,7 @@ from keras import ops
 from keras_attn.layers import _validation as v
 from keras_attn.layers.bahdanau_attention import BahdanauAttention
 from keras_attn.layers.luong_attention import LuongAttention
+from keras_attn.models._structure import translator_config
 
 ATTENTIONS = ("bahdanau", "luong_dot", "luong_general", "luong_concat")
 
@@ -239,7 +240,6 @@ def rnn_translator(
         logits,
         name=name,
     )
-    model.translator_config = {"kind": "rnn", "attention": attention, "units": units}
     return model
 
 
@@ -249,54 +249,94 @@ def rnn_translator_decoding(model: keras.Model):
     - `encode(encoder_inputs) -> cache`: runs the encoder once per source; the
       cache is a dict of tensors with batch on axis 0 (`state`, `memory`,
       `memory_mask`), so beam search can repeat and reorder it.
-    - `next_fn(token_ids, cache, index) -> (logits, cache, weights)`: one
-      decoder step for `token_ids` `(batch, 1)`; float32 logits
-      `(batch, vocab)` and the attention weights `(batch, Ts)` of this step.
-      `index` is unused (the state carries the position) but kept for the
-      common decoding contract.
+    - `next_fn(token_ids, cache, index) -> (logits, cache)`: one decoder step
+      for `token_ids` `(batch, 1)`, float32 logits `(batch, vocab)`: the
+      `keras_attn.generation` contract. `index` is unused (the recurrent state
+      carries the position).
     """
-    attention_kind = model.translator_config["attention"]
-    source_embedding = model.get_layer("source_embedding")
-    encoder = model.get_layer("encoder")
-    target_embedding = model.get_layer("target_embedding")
-    attentional = model.get_layer("attentional")
-    logits_layer = model.get_layer("logits")
-    decoder = model.get_layer("decoder")
+    layers = _decoding_layers(model)
 
     def encode(encoder_inputs):
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
         mask = ops.not_equal(encoder_inputs, 0)  # (B, Ts)
-        embedded = source_embedding(encoder_inputs)
-        memory, forward_state, backward_state = encoder(embedded, mask=mask)
+        embedded = layers["source_embedding"](encoder_inputs)
+        memory, forward_state, backward_state = layers["encoder"](embedded, mask=mask)
         state = ops.concatenate([forward_state, backward_state], axis=-1)
         return {"state": state, "memory": memory, "memory_mask": mask}
 
     def next_fn(token_ids, cache, index=None):
         del index
-        embedded = target_embedding(token_ids)[:, 0]  # (B, E)
-        state, memory, mask = cache["state"], cache["memory"], cache["memory_mask"]
-        if attention_kind == "bahdanau":
-            new_state, context, weights = decoder.step(embedded, state, memory, mask)
-            features = ops.concatenate(
-                [new_state, ops.cast(context, new_state.dtype)], -1
-            )
-        else:
-            _, new_states = decoder.cell(embedded, [state])
-            new_state = (
-                new_states[0] if isinstance(new_states, (list, tuple)) else new_states
-            )
-            context, weights = model.get_layer("attention")(
-                new_state, memory, value_mask=mask, return_attention_scores=True
-            )
-            features = ops.concatenate(
-                [ops.cast(context, new_state.dtype), new_state], -1
-            )
-        logits = logits_layer(attentional(features))  # (B, vocab) float32
-        new_cache = {
-            "state": ops.cast(new_state, state.dtype),
-            "memory": memory,
-            "memory_mask": mask,
-        }
-        return logits, new_cache, ops.cast(weights, "float32")
+        logits, new_state, _ = _decoder_step(layers, token_ids, cache)
+        new_cache = dict(cache, state=ops.cast(new_state, cache["state"].dtype))
+        return logits, new_cache
 
     return encode, next_fn
+
+
+def rnn_translator_alignment(model: keras.Model):
+    """`align(encoder_inputs, decoder_inputs) -> (batch, Tt, Ts)` float32 weights.
+
+    The attention weights of every target step over the source: for the
+    Bahdanau decoder those computed from `s_{i-1}`, for Luong from `h_t`.
+    Run it on a decoded translation (teacher-forced) to draw alignments.
+    """
+    layers = _decoding_layers(model)
+    encode, _ = rnn_translator_decoding(model)
+
+    def align(encoder_inputs, decoder_inputs):
+        cache = encode(encoder_inputs)
+        decoder_inputs = ops.convert_to_tensor(decoder_inputs, "int32")
+        steps = ops.transpose(decoder_inputs, (1, 0))[:, :, None]  # (Tt, B, 1)
+
+        def scan_step(carry, token_ids):
+            _, new_state, weights = _decoder_step(layers, token_ids, carry[0])
+            new_cache = dict(
+                carry[0], state=ops.cast(new_state, carry[0]["state"].dtype)
+            )
+            new_carry = (new_cache, ops.cast(weights, "float32"))
+            return new_carry, new_carry
+
+        initial_weights = ops.zeros(ops.shape(cache["memory_mask"]), "float32")
+        _, (_, weights) = ops.scan(scan_step, (cache, initial_weights), steps)
+        return ops.transpose(weights, (1, 0, 2))  # (B, Tt, Ts)
+
+    return align
+
+
+def _decoding_layers(model):
+    names = [
+        "source_embedding",
+        "encoder",
+        "target_embedding",
+        "decoder",
+        "attentional",
+        "logits",
+    ]
+    attention = translator_config(model)["attention"]
+    if attention != "bahdanau":
+        names.append("attention")
+    layers = {name: model.get_layer(name) for name in names}
+    layers["kind"] = attention
+    return layers
+
+
+def _decoder_step(layers, token_ids, cache):
+    """`(B, 1)` tokens -> float32 logits `(B, vocab)`, new state, weights `(B, Ts)`."""
+    embedded = layers["target_embedding"](token_ids)[:, 0]  # (B, E)
+    state, memory, mask = cache["state"], cache["memory"], cache["memory_mask"]
+    if layers["kind"] == "bahdanau":
+        new_state, context, weights = layers["decoder"].step(
+            embedded, state, memory, mask
+        )
+        features = [new_state, ops.cast(context, new_state.dtype)]  # [s_i; c_i]
+    else:
+        _, new_states = layers["decoder"].cell(embedded, [state])
+        new_state = (
+            new_states[0] if isinstance(new_states, (list, tuple)) else new_states
+        )
+        context, weights = layers["attention"](
+            new_state, memory, value_mask=mask, return_attention_scores=True
+        )
+        features = [ops.cast(context, new_state.dtype), new_state]  # [c_t; h_t]
+    logits = layers["logits"](layers["attentional"](ops.concatenate(features, -1)))
+    return logits, new_state, weights

@@ -202,6 +202,7 @@ def language_model_dataset(
     cache: bool = True,
     sample_weight: bool = False,
     drop_remainder: bool = False,
+    document_tokens: bool = False,
 ) -> tf.data.Dataset:
     """Batches of `(inputs, targets)` windows of a token stream.
 
@@ -227,19 +228,37 @@ def language_model_dataset(
         cache: keep the windows in memory after the first epoch.
         sample_weight: also yield `float32` weights, 0.0 on padded targets.
         drop_remainder: drop a last batch smaller than `batch_size`.
+        document_tokens: put `START_ID` before and `END_ID` after each text /
+            `Document` in the stream, so that a model learns how texts begin
+            and end (what a `score` of "the text given the start token, end
+            token included" needs).
 
     Returns:
         A `tf.data.Dataset` of `int32` `([batch, L], [batch, L])`.
     """
-    lines = _lines(texts)
+    lines, starts, ends = _lines_with_boundaries(texts)
     _check_lengths(batch_size=batch_size, sequence_length=sequence_length)
     length = sequence_length
 
-    def tokenize(line_batch):
-        return tokenizer.tokenize(line_batch).flat_values  # (tokens,)
+    def tokenize(line_batch, starts, ends):
+        ids = tokenizer.tokenize(line_batch)  # (lines, None)
+        if document_tokens:
+            # START before each document's first line, END after its last.
+            before = tf.RaggedTensor.from_row_lengths(
+                tf.fill([tf.reduce_sum(tf.cast(starts, tf.int32))], START_ID),
+                tf.cast(starts, tf.int64),
+            )
+            after = tf.RaggedTensor.from_row_lengths(
+                tf.fill([tf.reduce_sum(tf.cast(ends, tf.int32))], END_ID),
+                tf.cast(ends, tf.int64),
+            )
+            ids = tf.concat([before, ids, after], axis=1)
+        return ids.flat_values  # (tokens,)
 
     chunks = (
-        tf.data.Dataset.from_tensor_slices(tf.constant(lines, tf.string))
+        tf.data.Dataset.from_tensor_slices(
+            (tf.constant(lines, tf.string), tf.constant(starts), tf.constant(ends))
+        )
         .batch(TOKENIZE_BATCH)
         .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
     )
@@ -375,6 +394,20 @@ def _unzip_pairs(pairs):
     if not all(isinstance(text, str) for text in sources + targets):
         raise ValueError("`pairs` must hold (source, target) strings.")
     return tf.constant(sources, tf.string), tf.constant(targets, tf.string)
+
+
+def _lines_with_boundaries(texts):
+    """`_lines(texts)`, and whether each line opens / closes its text."""
+    lines = _lines(texts)  # validates, and raises on all-empty input
+    if isinstance(texts, (str, Document)):
+        texts = [texts]
+    starts, ends = [], []
+    for text in texts:
+        text = text.text if isinstance(text, Document) else text
+        count = sum(1 for line in re.split(r"(?<=\n)", text) if line)
+        starts += [index == 0 for index in range(count)]
+        ends += [index == count - 1 for index in range(count)]
+    return lines, starts, ends
 
 
 def _lines(texts) -> list[str]:

@@ -5,6 +5,7 @@ import pytest
 from keras_attn.models.rnn_translator import (
     ATTENTIONS,
     rnn_translator,
+    rnn_translator_alignment,
     rnn_translator_decoding,
 )
 from tests.test_case import to_numpy
@@ -28,15 +29,16 @@ def test_step_by_step_decoding_equals_the_teacher_forced_pass(attention):
     encode, next_fn = rnn_translator_decoding(model)
     cache = encode(SOURCE)
     for index in range(TARGET.shape[1]):
-        logits, cache, weights = next_fn(TARGET[:, index : index + 1], cache, index)
+        logits, cache = next_fn(TARGET[:, index : index + 1], cache, index)
         # Padded target positions (loss-masked in training) may differ.
         valid = TARGET[:, index] != 0
         np.testing.assert_allclose(
             to_numpy(logits)[valid], full[valid, index], atol=1e-5
         )
-        weights = to_numpy(weights)
-        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
-        np.testing.assert_array_equal(weights[0, 4:], 0.0)  # padded source
+    weights = to_numpy(rnn_translator_alignment(model)(SOURCE, TARGET))
+    assert weights.shape == (2, 5, 6)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(weights[0, :, 4:], 0.0)  # padded source
 
 
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])

@@ -251,3 +251,29 @@ def test_pipelines_feed_model_fit(pairs, english_tokenizer, german_tokenizer):
     )
     history = model.fit(dataset, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
+
+
+def test_language_model_document_tokens_mark_each_text(german_tokenizer):
+
+    texts = ["Guten Tag.\nWie geht es?\n", "Danke.\n"]
+    plain = language_model_dataset(
+        texts, german_tokenizer, sequence_length=64, batch_size=4, shuffle=False
+    )
+    marked = language_model_dataset(
+        texts,
+        german_tokenizer,
+        sequence_length=64,
+        batch_size=4,
+        shuffle=False,
+        document_tokens=True,
+    )
+    ((plain_inputs, plain_targets),) = list(plain.as_numpy_iterator())
+    ((inputs, targets),) = list(marked.as_numpy_iterator())
+    stream = np.concatenate([inputs[0, :1], targets[0][targets[0] != 0]])
+    first = german_tokenizer.tokenize(texts[0]).numpy().tolist()
+    second = german_tokenizer.tokenize(texts[1]).numpy().tolist()
+    assert stream.tolist() == [START_ID, *first, END_ID, START_ID, *second, END_ID]
+    plain_stream = np.concatenate(
+        [plain_inputs[0, :1], plain_targets[0][plain_targets[0] != 0]]
+    )
+    assert plain_stream.tolist() == first + second

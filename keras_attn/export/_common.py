@@ -1,0 +1,111 @@
+"""What every exporter shares: TF Serving's directory layout, input cleaning,
+metadata and sample requests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+METADATA_FILE = "keras_attn.json"
+TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+SAMPLE_TEXTS = (
+    "A gripping, beautifully acted film.",
+    "",
+    "   ",
+    "The plot is dull and the jokes fall flat!",
+)
+
+
+def next_version_dir(base_dir, model_name: str, version: int | None) -> Path:
+    """`<base>/<model_name>/<version>`: TF Serving's layout.
+
+    `version=None` takes the next integer after the versions already there
+    (TF Serving serves the highest). An existing version is never overwritten.
+    """
+    model_dir = Path(base_dir) / model_name
+    if version is None:
+        existing = [int(p.name) for p in model_dir.glob("*") if p.name.isdigit()]
+        version = max(existing, default=0) + 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(
+            f"`version` must be a positive int. Received: version={version!r}"
+        )
+    path = model_dir / str(version)
+    if path.exists():
+        raise ValueError(
+            f"{path} exists already; TF Serving versions are immutable. "
+            f"Received: version={version}"
+        )
+    return path
+
+
+def clean_text(text, max_chars: int):
+    """Strings safe to tokenize: invalid UTF-8 replaced by U+FFFD, at most
+    `max_chars` characters (longer inputs are truncated, never rejected)."""
+    text = tf.strings.unicode_transcode(
+        text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+    return tf.strings.substr(text, 0, max_chars, unit="UTF8_CHAR")
+
+
+def write_export(
+    archive, path: Path, metadata: dict, extra_assets: dict | None = None
+) -> Path:
+    """Write a `keras.export.ExportArchive` at `path`, with metadata.
+
+    The archive (rather than a bare `tf.Module` holding the Keras model) keeps
+    the variables loadable by TF Serving's TF1-style C++ loader. Written to a
+    temporary sibling first and renamed, so TF Serving (which polls the model
+    directory) never sees a half-written version.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.parent / f".{path.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        archive.write_out(str(partial), verbose=False)
+        extra = partial / "assets.extra"
+        extra.mkdir(exist_ok=True)
+        (extra / METADATA_FILE).write_text(
+            json.dumps(metadata, indent=2, sort_keys=True, default=_jsonable) + "\n"
+        )
+        for name, source in (extra_assets or {}).items():
+            (partial / "assets").mkdir(exist_ok=True)
+            shutil.copyfile(source, partial / "assets" / name)
+        partial.rename(path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return path
+
+
+def read_metadata(path) -> dict:
+    return json.loads((Path(path) / "assets.extra" / METADATA_FILE).read_text())
+
+
+def run_samples(signatures: dict, samples: dict) -> dict:
+    """`{signature: {output: list}}` for the sample inputs, as plain JSON."""
+    results = {}
+    for name, inputs in samples.items():
+        outputs = signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
+        results[name] = {k: _jsonable(v.numpy()) for k, v in outputs.items()}
+    return results
+
+
+def _jsonable(value):
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "SO":
+            return np.vectorize(
+                lambda b: b.decode("utf-8", "replace"), otypes=[object]
+            )(value).tolist()
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value)}")

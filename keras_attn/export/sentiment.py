@@ -1,0 +1,111 @@
+"""Export the sentiment classifier: raw strings in, probability and label out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from keras_attn.export._common import (
+    SAMPLE_TEXTS,
+    TEXT_SPEC,
+    clean_text,
+    next_version_dir,
+    run_samples,
+    write_export,
+)
+from keras_attn.text.tokenizer import SubwordTokenizer
+
+LABELS = ("negative", "positive")
+
+
+def sentiment_serving_fn(
+    model: keras.Model,
+    tokenizer: SubwordTokenizer,
+    max_length: int,
+    threshold: float = 0.5,
+):
+    """The `serving_default` function: strings -> probability and label."""
+    tokenizer = SubwordTokenizer(tokenizer.proto, sequence_length=max_length)
+    labels = tf.constant(LABELS)
+
+    def serve(text):
+        text = clean_text(text, max_chars=16 * max_length)
+        token_ids = tokenizer.tokenize(text)  # (B, max_length), truncated
+        probability = tf.cast(model(token_ids, training=False), tf.float32)
+        probability = tf.reshape(probability, [-1])  # (B,)
+        label = tf.gather(labels, tf.cast(probability > threshold, tf.int32))
+        return {"positive_probability": probability, "label": label}
+
+    return serve, tokenizer
+
+
+def export_sentiment(
+    model: keras.Model,
+    tokenizer: SubwordTokenizer,
+    base_dir,
+    model_name: str = "sentiment",
+    version: int | None = None,
+    max_length: int = 64,
+    threshold: float = 0.5,
+) -> Path:
+    """Export a `sentiment_classifier` with its tokenizer for TF Serving.
+
+    Writes `<base_dir>/<model_name>/<version>/` (TF Serving's layout) with one
+    signature, `serving_default`: `text` (string `[batch]`) ->
+    `positive_probability` (float32 `[batch]`) and `label` (string `[batch]`,
+    `"positive"` when the probability exceeds `threshold`, else
+    `"negative"`). Texts are cleaned (invalid UTF-8 replaced) and truncated to
+    `max_length` tokens; empty and whitespace-only texts are valid inputs.
+    `assets.extra/keras_attn.json` records the configuration and the outputs of
+    sample requests computed here, which `check_servable` compares against.
+
+    Returns:
+        The version directory.
+    """
+    path = next_version_dir(base_dir, model_name, version)
+    serve, serving_tokenizer = sentiment_serving_fn(
+        model, tokenizer, max_length, threshold
+    )
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(serving_tokenizer)
+    signatures = {
+        "serving_default": archive.add_endpoint(
+            "serving_default", serve, input_signature=[TEXT_SPEC]
+        )
+    }
+    samples = {"serving_default": {"text": list(SAMPLE_TEXTS)}}
+    metadata = {
+        "task": "sentiment",
+        "model_name": model_name,
+        "version": int(path.name),
+        "max_length": max_length,
+        "threshold": threshold,
+        "labels": list(LABELS),
+        "vocabulary_size": tokenizer.vocabulary_size,
+        "signatures": {
+            "serving_default": {
+                "inputs": {"text": "string [batch]"},
+                "outputs": {
+                    "positive_probability": "float32 [batch]",
+                    "label": "string [batch]",
+                },
+            }
+        },
+        "samples": samples,
+        "sample_outputs": run_samples(signatures, samples),
+    }
+    vocab_file = {"sentiment.model": _write_proto(tokenizer, path.parent)}
+    try:
+        return write_export(archive, path, metadata, vocab_file)
+    finally:
+        Path(vocab_file["sentiment.model"]).unlink(missing_ok=True)
+
+
+def _write_proto(tokenizer: SubwordTokenizer, directory: Path) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / ".sentiment.model.tmp"
+    target.write_bytes(tokenizer.proto)
+    return str(target)

@@ -1,0 +1,156 @@
+"""Export a translator: raw source strings in, translations (and alignments) out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from keras_attn.export._common import (
+    TEXT_SPEC,
+    clean_text,
+    next_version_dir,
+    run_samples,
+    write_export,
+)
+from keras_attn.models._structure import translator_config
+from keras_attn.models.translator import translator_adapter
+from keras_attn.text.tokenizer import SubwordTokenizer
+from keras_attn.text.vocabulary import PAD_ID, START_ID
+
+SAMPLE_SOURCES = ("Where is the station?", "", "   ", "I am very tired today.")
+
+
+def translator_serving_fns(
+    model, source_tokenizer, target_tokenizer, max_length, beam_width, length_penalty
+):
+    """The two signature functions and the objects they need tracked."""
+    adapter = translator_adapter(model)
+    source = SubwordTokenizer(source_tokenizer.proto)
+    target = SubwordTokenizer(target_tokenizer.proto)
+    decode = adapter.beam_search_fn(max_length, beam_width, length_penalty)
+    source_pieces = tf.constant(_pieces(source_tokenizer))
+    target_pieces = tf.constant(_pieces(target_tokenizer))
+
+    def source_ids(text):
+        text = clean_text(text, max_chars=16 * max_length)
+        ids = source.tokenize(text)[:, :max_length]  # ragged (B, <= max_length)
+        # A fixed width keeps one compiled shape and gives even an all-empty
+        # batch a (fully masked) source to attend to.
+        return ids.to_tensor(default_value=PAD_ID, shape=[None, max_length])
+
+    def translate(text):
+        tokens, _ = decode(source_ids(text))  # (B, max_length), END then padding
+        return {"translation": target.detokenize(tokens)}
+
+    def translate_with_alignment(text):
+        ids = source_ids(text)
+        tokens, _ = decode(ids)  # (B, T)
+        start = tf.fill([tf.shape(tokens)[0], 1], START_ID)
+        decoder_inputs = tf.concat([start, tokens], axis=1)[:, :-1]  # (B, T)
+        alignment = tf.cast(adapter.alignment(ids, decoder_inputs), tf.float32)
+        keep = tf.cast(tokens != PAD_ID, tf.float32)[:, :, None]  # (B, T, 1)
+        return {
+            "translation": target.detokenize(tokens),
+            "source_tokens": tf.where(ids != PAD_ID, tf.gather(source_pieces, ids), ""),
+            "translation_tokens": tf.where(
+                tokens != PAD_ID, tf.gather(target_pieces, tokens), ""
+            ),
+            "alignment": alignment * keep,  # (B, T, S), rows past the end zeroed
+        }
+
+    return translate, translate_with_alignment, (source, target)
+
+
+def export_translator(
+    model: keras.Model,
+    source_tokenizer: SubwordTokenizer,
+    target_tokenizer: SubwordTokenizer,
+    base_dir,
+    model_name: str = "translator",
+    version: int | None = None,
+    max_length: int = 40,
+    beam_width: int = 4,
+    length_penalty: float = 0.6,
+) -> Path:
+    """Export a translator with its tokenizers and beam search for TF Serving.
+
+    Signatures (`<base_dir>/<model_name>/<version>/`):
+
+    - `serving_default`: `text` (string `[batch]`) -> `translation` (string
+      `[batch]`), beam search with `beam_width` and the GNMT `length_penalty`
+      fixed here (recorded in `assets.extra/keras_attn.json`).
+    - `translate_with_alignment`: `text` -> `translation`, `source_tokens`
+      (string `[batch, S]`), `translation_tokens` (string `[batch, T]`),
+      `alignment` (float32 `[batch, T, S]`): for the RNN translator the
+      weights of its Bahdanau/Luong layer, for the Transformer the
+      cross-attention of the last decoder block averaged over heads. Padding
+      positions hold `""` and zero rows.
+
+    Sources are cleaned (invalid UTF-8 replaced) and truncated to
+    `max_length` tokens; translations stop at `max_length` tokens.
+    """
+    path = next_version_dir(base_dir, model_name, version)
+    translate, translate_with_alignment, tokenizers = translator_serving_fns(
+        model,
+        source_tokenizer,
+        target_tokenizer,
+        max_length,
+        beam_width,
+        length_penalty,
+    )
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    for tokenizer in tokenizers:
+        archive.track(tokenizer)
+    signatures = {
+        "serving_default": archive.add_endpoint(
+            "serving_default", translate, input_signature=[TEXT_SPEC]
+        ),
+        "translate_with_alignment": archive.add_endpoint(
+            "translate_with_alignment",
+            translate_with_alignment,
+            input_signature=[TEXT_SPEC],
+        ),
+    }
+    config = translator_config(model)
+    kind = config["kind"]
+    samples = {name: {"text": list(SAMPLE_SOURCES)} for name in signatures}
+    metadata = {
+        "task": "translation",
+        "model_name": model_name,
+        "version": int(path.name),
+        "model_kind": kind,
+        "max_length": max_length,
+        "beam_width": beam_width,
+        "length_penalty": length_penalty,
+        "length_penalty_formula": "log P / ((5 + length) / 6) ** length_penalty",
+        "alignment": (
+            f"attention weights of the decoder's {config.get('attention')} attention"
+            if kind == "rnn"
+            else "cross-attention of the last decoder block, averaged over heads"
+        ),
+        "signatures": {
+            "serving_default": {
+                "inputs": {"text": "string [batch]"},
+                "outputs": {"translation": "string [batch]"},
+            },
+            "translate_with_alignment": {
+                "inputs": {"text": "string [batch]"},
+                "outputs": {
+                    "translation": "string [batch]",
+                    "source_tokens": "string [batch, S]",
+                    "translation_tokens": "string [batch, T]",
+                    "alignment": "float32 [batch, T, S]",
+                },
+            },
+        },
+        "samples": samples,
+        "sample_outputs": run_samples(signatures, samples),
+    }
+    return write_export(archive, path, metadata)
+
+
+def _pieces(tokenizer: SubwordTokenizer) -> list[str]:
+    return tokenizer.get_vocabulary()

@@ -1,0 +1,61 @@
+"""What kind of model a `keras.Model` is, read off its layers.
+
+The builders name their layers (`encoder_0`, `decoder_norm`, ...), so the
+decoding and export code can find them again in a model rebuilt from a
+`.keras` file, where Python attributes set by a builder are gone.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+def _has(model: keras.Model, name: str) -> bool:
+    try:
+        model.get_layer(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _count(model: keras.Model, prefix: str) -> int:
+    count = 0
+    while _has(model, f"{prefix}_{count}"):
+        count += 1
+    return count
+
+
+def translator_config(model: keras.Model) -> dict:
+    """`{"kind": "rnn", "attention": ...}` or the Transformer's structure."""
+    from keras_attn.models.rnn_translator import BahdanauDecoder
+
+    if _has(model, "encoder_0") and _has(model, "decoder_0"):
+        return {
+            "kind": "transformer",
+            "num_encoder_layers": _count(model, "encoder"),
+            "num_decoder_layers": _count(model, "decoder"),
+            "normalize_first": _has(model, "encoder_norm"),
+            "shared_vocabulary": _has(model, "shared_embedding"),
+        }
+    if _has(model, "encoder") and _has(model, "decoder"):
+        if isinstance(model.get_layer("decoder"), BahdanauDecoder):
+            attention = "bahdanau"
+        else:
+            attention = "luong_" + model.get_layer("attention").score_mode
+        return {"kind": "rnn", "attention": attention}
+    raise ValueError(
+        "Expected a model built by rnn_translator or transformer_translator. "
+        f"Received: a model {model.name!r} without their layers"
+    )
+
+
+def language_model_config(model: keras.Model) -> dict:
+    if not _has(model, "decoder_0") or not _has(model, "embedding"):
+        raise ValueError(
+            "Expected a model built by transformer_language_model. "
+            f"Received: a model {model.name!r} without its layers"
+        )
+    return {
+        "num_layers": _count(model, "decoder"),
+        "normalize_first": _has(model, "final_norm"),
+    }

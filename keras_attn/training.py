@@ -1,0 +1,183 @@
+"""Shared plumbing of the example training scripts.
+
+Mixed-precision selection, `tf.distribute` strategies, a wall-clock budget,
+checkpoint/resume, TensorBoard, `metrics.json` and the final summary table:
+what every script in `examples/` needs and nothing model-specific.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import keras
+
+logger = logging.getLogger("keras_attn.training")
+
+MIXED_PRECISION_CHOICES = ("auto", "bfloat16", "float16", "off")
+STRATEGY_CHOICES = ("auto", "mirrored", "multi-worker", "none")
+
+
+def cpu_supports_bfloat16() -> bool:
+    """Whether the CPU has native bfloat16 matmuls (AMX-BF16 or AVX-512 BF16)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags for flag in ("amx_bf16", "avx512_bf16"))
+
+
+def gpu_available() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def resolve_mixed_precision(mode: str) -> str:
+    """The Keras dtype policy for `--mixed-precision MODE`.
+
+    `auto`: `mixed_float16` on a GPU, `mixed_bfloat16` on a CPU with AMX or
+    AVX-512 BF16, else `float32`.
+    """
+    if mode not in MIXED_PRECISION_CHOICES:
+        raise ValueError(
+            f"`mixed_precision` must be one of {list(MIXED_PRECISION_CHOICES)}. "
+            f"Received: mixed_precision={mode!r}"
+        )
+    if mode == "auto":
+        if gpu_available():
+            return "mixed_float16"
+        return "mixed_bfloat16" if cpu_supports_bfloat16() else "float32"
+    return {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16", "off": "float32"}[
+        mode
+    ]
+
+
+def make_strategy(name: str):
+    """A `tf.distribute` strategy for `--strategy NAME`.
+
+    `auto`: `MirroredStrategy` over every GPU when there are several, else the
+    default strategy. `multi-worker` reads the cluster from `TF_CONFIG`.
+    """
+    import tensorflow as tf
+
+    if name not in STRATEGY_CHOICES:
+        raise ValueError(
+            f"`strategy` must be one of {list(STRATEGY_CHOICES)}. "
+            f"Received: strategy={name!r}"
+        )
+    if name == "multi-worker":
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError(
+                "strategy='multi-worker' reads the cluster from the TF_CONFIG "
+                "environment variable, which is not set."
+            )
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "mirrored" or (
+        name == "auto" and len(tf.config.list_physical_devices("GPU")) > 1
+    ):
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops training once `minutes` of wall-clock training time are spent.
+
+    Time already spent before an interruption (recorded in `state_path` by a
+    resumed run) counts against the budget.
+    """
+
+    def __init__(
+        self, minutes: float | None, state_path: str | os.PathLike | None = None
+    ):
+        super().__init__()
+        self.budget = None if minutes is None else float(minutes) * 60.0
+        self.state_path = Path(state_path) if state_path else None
+        self.spent_before = 0.0
+        if self.state_path and self.state_path.exists():
+            self.spent_before = json.loads(self.state_path.read_text())["seconds"]
+        self.started = None
+        self.stopped_early = False
+
+    @property
+    def seconds(self) -> float:
+        if self.started is None:
+            return self.spent_before
+        return self.spent_before + time.monotonic() - self.started
+
+    def on_train_begin(self, logs=None):
+        self.started = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.budget is not None and self.seconds >= self.budget:
+            self.model.stop_training = True
+            self.stopped_early = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.state_path:
+            self.state_path.write_text(json.dumps({"seconds": self.seconds}))
+
+
+def standard_callbacks(
+    out_dir: Path, budget: TimeBudget, monitor: str, mode: str = "auto"
+) -> list:
+    """Resume (BackupAndRestore), best checkpoint, TensorBoard, budget."""
+    return [
+        keras.callbacks.BackupAndRestore(str(out_dir / "backup"), save_freq="epoch"),
+        keras.callbacks.ModelCheckpoint(
+            str(out_dir / "checkpoints" / "best.weights.h5"),
+            monitor=monitor,
+            mode=mode,
+            save_best_only=True,
+            save_weights_only=True,
+        ),
+        keras.callbacks.TensorBoard(str(out_dir / "logs")),
+        budget,
+    ]
+
+
+def describe_environment(policy: str, strategy) -> dict:
+    import tensorflow as tf
+
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "backend": keras.backend.backend(),
+        "dtype_policy": policy,
+        "strategy": type(strategy).__name__,
+        "replicas": strategy.num_replicas_in_sync,
+        "cpus": os.cpu_count(),
+        "gpus": len(tf.config.list_physical_devices("GPU")),
+    }
+
+
+def write_metrics(
+    out_dir: Path,
+    metrics: dict,
+    config: dict,
+    environment: dict,
+    extra: dict | None = None,
+) -> Path:
+    """`metrics.json`: the test metrics and the exact configuration."""
+    path = out_dir / "metrics.json"
+    payload = {"metrics": metrics, "config": config, "environment": environment}
+    if extra:
+        payload.update(extra)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def summary_table(rows: list[tuple[str, object]], title: str = "summary") -> str:
+    """A two-column plain-text table."""
+    width = max(len(name) for name, _ in rows)
+    lines = [f"== {title} =="]
+    for name, value in rows:
+        if isinstance(value, float):
+            value = f"{value:.4f}"
+        lines.append(f"{name:<{width}}  {value}")
+    return "\n".join(lines)

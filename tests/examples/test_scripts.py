@@ -1,0 +1,150 @@
+"""The example scripts end to end, in seconds-long `--smoke` configurations on
+small fixture files (the real corpora are fetched only by `large` tests)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+
+pytestmark = pytest.mark.tf_only
+
+POSITIVE = [
+    "a warm, funny and moving film",
+    "great acting and a clever script",
+    "beautiful, gripping and smart",
+    "the best comedy of the year",
+    "a delight from start to finish",
+    "wonderful performances all round",
+]
+NEGATIVE = [
+    "a dull and lifeless mess",
+    "the plot is thin and the jokes fall flat",
+    "boring, long and pointless",
+    "the worst film of the year",
+    "a tedious waste of time",
+    "awful dialogue and wooden acting",
+]
+
+
+def run_script(name, *args, timeout=600):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+@pytest.fixture
+def sentiment_file(tmp_path):
+    lines = []
+    for index in range(12):
+        for label, texts in ((1, POSITIVE), (0, NEGATIVE)):
+            lines.append(f"{label}\t{texts[index % 6]}, take {index}")
+    path = tmp_path / "reviews.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "script", ["sentiment.py", "translate.py", "language_model.py"]
+)
+def test_help(script):
+    assert "--mixed-precision" in run_script(script, "--help")
+
+
+def test_sentiment_smoke(sentiment_file, tmp_path):
+    out = tmp_path / "run"
+    stdout = run_script(
+        "sentiment.py",
+        "--smoke",
+        "--data",
+        sentiment_file,
+        "--out",
+        out,
+        "--ensemble",
+        2,
+    )
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0.0 <= metrics["metrics"]["test_accuracy"] <= 1.0
+    assert metrics["config"]["ensemble"] == 2
+    assert (out / "export" / "sentiment" / "1" / "saved_model.pb").is_file()
+    assert sorted(p.name for p in (out / "plots").iterdir())[0] == "review_0.png"
+    assert (out / "members" / "1" / "logs").is_dir()  # TensorBoard
+    assert "test accuracy" in stdout
+
+
+def test_translate_smoke(tmp_path):
+    out = tmp_path / "run"
+    run_script(
+        "translate.py", "--smoke", "--data", FIXTURES / "de_en_pairs.tsv", "--out", out
+    )
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert {"test_bleu", "test_chrf", "decode_ms_per_sentence"} <= set(metrics)
+    rows = (out / "translations.tsv").read_text().splitlines()
+    assert len(rows) == metrics["test_sentences"] and rows[0].count("\t") == 2
+    assert (out / "export" / "translator" / "1" / "saved_model.pb").is_file()
+    assert (out / "plots" / "alignment_0.png").is_file()
+
+
+def test_language_model_resumes_after_a_kill(tmp_path):
+    data = tmp_path / "play.txt"  # long enough for three non-empty splits
+    data.write_text((FIXTURES / "play_sample.txt").read_text() * 20)
+    common = [
+        "--smoke",
+        "--data",
+        data,
+        "--epochs",
+        4,
+        "--no-export",
+        "--batch-size",
+        1,
+        "--sequence-length",
+        8,
+    ]
+    reference = tmp_path / "reference"
+    run_script("language_model.py", *common, "--out", reference)
+    want = json.loads((reference / "metrics.json").read_text())["metrics"]
+
+    out = tmp_path / "interrupted"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "examples" / "language_model.py"),
+            *map(str, common),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    metadata = out / "backup" / "training_metadata.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if (
+            metadata.exists()
+            and json.loads(metadata.read_text() or "{}").get("epoch", 0) >= 2
+        ):
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    process.send_signal(signal.SIGKILL)  # mid-epoch 3 at the latest
+    process.wait()
+    assert not (out / "metrics.json").exists()
+    run_script("language_model.py", *common, "--out", out)
+    got = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert want["optimizer_steps"] >= 4 * want["steps_per_epoch"] > 0
+    assert got["optimizer_steps"] == want["optimizer_steps"]

@@ -1,0 +1,113 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn.export import check_servable, export_sentiment
+from keras_attn.models import sentiment_classifier
+from tests.export.conftest import nasty_batch
+
+pytestmark = pytest.mark.tf_only
+
+MAX_LENGTH = 12
+
+
+@pytest.fixture(scope="module")
+def exported(small_tokenizer, tmp_path_factory):
+    model = sentiment_classifier(
+        small_tokenizer.vocabulary_size,
+        MAX_LENGTH,
+        embedding_dim=16,
+        num_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+        pooling="attention",
+    )
+    base = tmp_path_factory.mktemp("export")
+    path = export_sentiment(model, small_tokenizer, base, max_length=MAX_LENGTH)
+    return model, small_tokenizer, base, path
+
+
+def test_layout_metadata_and_servability(exported):
+    model, tokenizer, base, path = exported
+    assert path == base / "sentiment" / "1"
+    assert (path / "saved_model.pb").is_file()
+    assert (path / "assets" / "sentiment.model").read_bytes() == tokenizer.proto
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["signatures"]["serving_default"]["outputs"] == {
+        "positive_probability": "float32 [batch]",
+        "label": "string [batch]",
+    }
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    assert report.text_ops == ["SentencepieceOp", "SentencepieceTokenizeOp"]
+    assert "serving_default" in report.cli_summary
+    # The next export goes to version 2; an existing version is never replaced.
+    assert export_sentiment(model, tokenizer, base, max_length=MAX_LENGTH).name == "2"
+    with pytest.raises(ValueError, match="versions are immutable"):
+        export_sentiment(model, tokenizer, base, version=1)
+
+
+def test_signature_matches_the_keras_model(exported):
+    model, tokenizer, _, path = exported
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+    texts = ["the plot is thin", "a gorgeous witty film"]
+    outputs = serve(text=tf.constant(texts))
+    ids = tokenizer.tokenize(texts).to_tensor(shape=[None, MAX_LENGTH])
+    expected = np.asarray(model(ids))[:, 0]
+    np.testing.assert_allclose(
+        outputs["positive_probability"].numpy(), expected, atol=1e-5
+    )
+    labels = [b"positive" if p > 0.5 else b"negative" for p in expected]
+    assert list(outputs["label"].numpy()) == labels
+
+
+def test_bad_input_on_the_export(exported):
+    _, _, _, path = exported
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+    batch = nasty_batch()
+    outputs = serve(text=tf.constant(batch))
+    probability = outputs["positive_probability"].numpy()
+    assert probability.shape == (len(batch),) and np.isfinite(probability).all()
+    assert set(outputs["label"].numpy()) <= {b"positive", b"negative"}
+    # A 10,000-character text is truncated: it scores like its first tokens.
+    long_text = outputs["positive_probability"].numpy()[2]
+    short = serve(text=tf.constant(["word " * 40]))["positive_probability"].numpy()
+    np.testing.assert_allclose(long_text, short[0], atol=1e-6)
+    empty = serve(text=tf.zeros([0], tf.string))
+    assert empty["positive_probability"].shape == (0,)
+    assert empty["label"].shape == (0,)
+    big = serve(text=tf.constant(["good film"] * 256))
+    assert big["positive_probability"].shape == (256,)
+
+
+def test_cli_check(exported):
+    _, _, _, path = exported
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_attn.export", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "SERVABLE" in result.stdout and "serving_default" in result.stdout
+
+
+def test_check_fails_when_the_export_disagrees_with_the_model(exported, tmp_path):
+    import shutil
+
+    _, _, _, path = exported
+    copy = tmp_path / "sentiment" / "1"
+    shutil.copytree(path, copy)
+    metadata_path = copy / "assets.extra" / "keras_attn.json"
+    metadata = json.loads(metadata_path.read_text())
+    outputs = metadata["sample_outputs"]["serving_default"]
+    outputs["positive_probability"][0] += 0.1
+    metadata_path.write_text(json.dumps(metadata))
+    report = check_servable(copy, verbose=False)
+    assert not report.ok
+    assert any("tf2 loader" in p for p in report.problems)
+    assert any("tf1 loader" in p for p in report.problems)

@@ -1,0 +1,79 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn.export import check_servable, export_translator
+from keras_attn.models import rnn_translator, transformer_translator
+from tests.export.conftest import nasty_batch
+
+pytestmark = pytest.mark.tf_only
+
+MAX_LENGTH = 10
+
+
+@pytest.fixture(scope="module", params=["transformer", "rnn"])
+def exported(request, small_tokenizer, tmp_path_factory):
+    vocabulary = small_tokenizer.vocabulary_size
+    if request.param == "transformer":
+        model = transformer_translator(
+            vocabulary,
+            vocabulary,
+            sequence_length=MAX_LENGTH + 1,
+            embedding_dim=16,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            num_heads=2,
+            intermediate_dim=32,
+            shared_vocabulary=True,
+        )
+    else:
+        model = rnn_translator(vocabulary, vocabulary, embedding_dim=8, units=12)
+    base = tmp_path_factory.mktemp("export")
+    path = export_translator(
+        model,
+        small_tokenizer,
+        small_tokenizer,
+        base,
+        max_length=MAX_LENGTH,
+        beam_width=3,
+    )
+    return path
+
+
+def test_servable_with_both_signatures(exported):
+    report = check_servable(exported, verbose=False)
+    assert report.ok, str(report)
+    assert report.signatures == ["serving_default", "translate_with_alignment"]
+
+
+def test_bad_input_and_shapes_on_the_export(exported):
+    loaded = tf.saved_model.load(str(exported))
+    serve = loaded.signatures["serving_default"]
+    align = loaded.signatures["translate_with_alignment"]
+    batch = tf.constant(nasty_batch())
+    translation = serve(text=batch)["translation"].numpy()
+    assert translation.shape == (len(nasty_batch()),)
+    outputs = align(text=batch)
+    np.testing.assert_array_equal(outputs["translation"].numpy(), translation)
+    batch_size = len(nasty_batch())
+    source_tokens = outputs["source_tokens"].numpy()
+    translation_tokens = outputs["translation_tokens"].numpy()
+    alignment = outputs["alignment"].numpy()
+    assert source_tokens.shape == (batch_size, MAX_LENGTH)  # truncated sources
+    assert alignment.shape == (batch_size, translation_tokens.shape[1], MAX_LENGTH)
+    assert np.isfinite(alignment).all()
+    # Rows of real translation tokens attend to real source tokens only.
+    real_target = translation_tokens != b""
+    real_source = source_tokens != b""
+    np.testing.assert_array_equal(alignment[~real_target], 0.0)
+    for row in range(batch_size):
+        assert np.all(alignment[row][:, ~real_source[row]] == 0.0)
+        sums = alignment[row][real_target[row]].sum(-1)
+        if real_source[row].any():
+            np.testing.assert_allclose(sums, 1.0, atol=1e-3)
+        else:  # an empty source: nothing to attend to, zero rows, no NaN
+            np.testing.assert_array_equal(sums, 0.0)
+    assert serve(text=tf.zeros([0], tf.string))["translation"].shape == (0,)
+    assert serve(text=tf.constant(["where is it?"] * 256))["translation"].shape == (
+        256,
+    )
