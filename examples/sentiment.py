@@ -64,7 +64,7 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument(
-        "--epochs", type=int, default=None, help="default: 20 (--smoke: 1)"
+        "--epochs", type=int, default=None, help="default: 10 (--smoke: 1)"
     )
     parser.add_argument(
         "--patience",
@@ -75,7 +75,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--ensemble",
         type=int,
-        default=1,
+        default=5,
         help="train this many classifiers (seeds seed..seed+N-1) "
         "within the budget and average their probabilities",
     )
@@ -102,7 +102,7 @@ def parse_args(argv=None):
     )
     args = parser.parse_args(argv)
     if args.epochs is None:
-        args.epochs = 1 if args.smoke else 20
+        args.epochs = 1 if args.smoke else 10
     if args.smoke:
         args.vocabulary_size = min(args.vocabulary_size, 300)
         args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32

@@ -85,7 +85,7 @@ def parse_args(argv=None):
         help="one shared English+German SentencePiece vocabulary",
     )
     parser.add_argument("--max-length", type=int, default=40, help="tokens per side")
-    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--warmup-steps", type=int, default=400)
     parser.add_argument("--weight-decay", type=float, default=0.01)
