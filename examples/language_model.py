@@ -18,7 +18,6 @@ Serving export under export/language_model/<version>/.
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
@@ -53,7 +52,6 @@ def parse_args(argv=None):
         default=None,
         help="text file or directory; default: Shakespeare's plays",
     )
-    parser.add_argument("--out", default="runs/language_model")
     parser.add_argument("--vocabulary-size", type=int, default=2000)
     parser.add_argument("--sequence-length", type=int, default=256)
     parser.add_argument("--embedding-dim", type=int, default=256)
@@ -64,30 +62,10 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--warmup-steps", type=int, default=200)
-    parser.add_argument(
-        "--epochs", type=int, default=None, help="default: 30 (--smoke: 1)"
+    training.add_run_arguments(
+        parser, out="runs/language_model", epochs=30, time_budget=15.0, batch_size=32
     )
-    parser.add_argument(
-        "--time-budget", type=float, default=15.0, help="minutes of training at most"
-    )
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument(
-        "--mixed-precision", choices=training.MIXED_PRECISION_CHOICES, default="auto"
-    )
-    parser.add_argument("--strategy", choices=training.STRATEGY_CHOICES, default="auto")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument(
-        "--export-dir",
-        default=None,
-        help="TF Serving base directory (default: OUT/export)",
-    )
-    parser.add_argument("--no-export", action="store_true")
-    parser.add_argument(
-        "--smoke", action="store_true", help="a seconds-long configuration, for tests"
-    )
-    args = parser.parse_args(argv)
-    if args.epochs is None:
-        args.epochs = 1 if args.smoke else 30
+    args = training.parse_run_args(parser, argv)
     if args.smoke:
         args.vocabulary_size, args.sequence_length = 500, 32
         args.embedding_dim, args.num_layers, args.num_heads = 32, 1, 2
@@ -129,13 +107,7 @@ def token_nll(model, dataset):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    keras.utils.set_random_seed(args.seed)
-    policy = training.resolve_mixed_precision(args.mixed_precision)
-    keras.config.set_dtype_policy(policy)
-    strategy = training.make_strategy(args.strategy)
+    out, policy, strategy = training.start_run(args)
 
     splits = load_data(args)
     vocab_path = train_subword_vocabulary(
@@ -231,7 +203,7 @@ def main(argv=None) -> dict:
         export_dir = export_language_model(
             model,
             tokenizer,
-            Path(args.export_dir) if args.export_dir else out / "export",
+            training.export_base(args, out),
             max_new_tokens=min(64, args.sequence_length // 2),
         )
     environment = training.describe_environment(policy, strategy)

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -47,7 +45,6 @@ def parse_args(argv=None):
     parser.add_argument(
         "--data", default=None, help="label<TAB>text file; default: the movie sentences"
     )
-    parser.add_argument("--out", default="runs/sentiment", help="output directory")
     parser.add_argument("--vocabulary-size", type=int, default=8000)
     parser.add_argument(
         "--max-length",
@@ -64,9 +61,6 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument(
-        "--epochs", type=int, default=None, help="default: 10 (--smoke: 1)"
-    )
-    parser.add_argument(
         "--patience",
         type=int,
         default=2,
@@ -80,29 +74,10 @@ def parse_args(argv=None):
         "within the budget and average their probabilities",
     )
     parser.add_argument("--label-smoothing", type=float, default=0.0)
-    parser.add_argument(
-        "--time-budget", type=float, default=10.0, help="minutes of training at most"
+    training.add_run_arguments(
+        parser, out="runs/sentiment", epochs=10, time_budget=10.0, batch_size=32
     )
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument(
-        "--mixed-precision", choices=training.MIXED_PRECISION_CHOICES, default="auto"
-    )
-    parser.add_argument("--strategy", choices=training.STRATEGY_CHOICES, default="auto")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument(
-        "--export-dir",
-        default=None,
-        help="TF Serving base directory (default: OUT/export)",
-    )
-    parser.add_argument(
-        "--no-export", action="store_true", help="skip the TF Serving export"
-    )
-    parser.add_argument(
-        "--smoke", action="store_true", help="a seconds-long configuration, for tests"
-    )
-    args = parser.parse_args(argv)
-    if args.epochs is None:
-        args.epochs = 1 if args.smoke else 10
+    args = training.parse_run_args(parser, argv)
     if args.smoke:
         args.vocabulary_size = min(args.vocabulary_size, 300)
         args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32
@@ -125,13 +100,7 @@ def load_data(args):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    keras.utils.set_random_seed(args.seed)
-    policy = training.resolve_mixed_precision(args.mixed_precision)
-    keras.config.set_dtype_policy(policy)
-    strategy = training.make_strategy(args.strategy)
+    out, policy, strategy = training.start_run(args)
 
     splits = load_data(args)
     vocab_path = train_subword_vocabulary(
@@ -237,7 +206,7 @@ def main(argv=None) -> dict:
         export_dir = export_sentiment(
             model,
             tokenizer,
-            Path(args.export_dir) if args.export_dir else out / "export",
+            training.export_base(args, out),
             max_length=args.max_length,
         )
 

@@ -20,11 +20,9 @@ unless --no-export, the TF Serving export under export/translator/<version>/.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -67,7 +65,6 @@ def parse_args(argv=None):
         help="Ding entries with a/b alternatives (keep: the "
         "documented split, which published figures use)",
     )
-    parser.add_argument("--out", default="runs/translation")
     parser.add_argument(
         "--model", choices=["transformer", "rnn"], default="transformer"
     )
@@ -90,13 +87,6 @@ def parse_args(argv=None):
     parser.add_argument("--warmup-steps", type=int, default=400)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--label-smoothing", type=float, default=0.1)
-    parser.add_argument(
-        "--epochs", type=int, default=None, help="default: 40 (--smoke: 1)"
-    )
-    parser.add_argument(
-        "--time-budget", type=float, default=25.0, help="minutes of training at most"
-    )
-    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument(
         "--test-sentences",
@@ -106,23 +96,10 @@ def parse_args(argv=None):
         "reported figures use the whole test split)",
     )
     parser.add_argument("--length-penalty", type=float, default=0.6)
-    parser.add_argument(
-        "--mixed-precision", choices=training.MIXED_PRECISION_CHOICES, default="auto"
+    training.add_run_arguments(
+        parser, out="runs/translation", epochs=40, time_budget=25.0, batch_size=64
     )
-    parser.add_argument("--strategy", choices=training.STRATEGY_CHOICES, default="auto")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument(
-        "--export-dir",
-        default=None,
-        help="TF Serving base directory (default: OUT/export)",
-    )
-    parser.add_argument("--no-export", action="store_true")
-    parser.add_argument(
-        "--smoke", action="store_true", help="a seconds-long configuration, for tests"
-    )
-    args = parser.parse_args(argv)
-    if args.epochs is None:
-        args.epochs = 1 if args.smoke else 40
+    args = training.parse_run_args(parser, argv)
     if args.smoke:
         args.vocabulary_size, args.max_length, args.size = 400, 16, "small"
         args.warmup_steps = 5
@@ -196,13 +173,7 @@ def build_model(args, vocabulary_size):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    keras.utils.set_random_seed(args.seed)
-    policy = training.resolve_mixed_precision(args.mixed_precision)
-    keras.config.set_dtype_policy(policy)
-    strategy = training.make_strategy(args.strategy)
+    out, policy, strategy = training.start_run(args)
 
     splits = load_data(args)
     vocab_path = train_subword_vocabulary(
@@ -286,7 +257,7 @@ def main(argv=None) -> dict:
             model,
             tokenizer,
             tokenizer,
-            Path(args.export_dir) if args.export_dir else out / "export",
+            training.export_base(args, out),
             max_length=args.max_length,
             beam_width=args.beam_width,
             length_penalty=args.length_penalty,

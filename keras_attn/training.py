@@ -181,3 +181,66 @@ def summary_table(rows: list[tuple[str, object]], title: str = "summary") -> str
             value = f"{value:.4f}"
         lines.append(f"{name:<{width}}  {value}")
     return "\n".join(lines)
+
+
+def add_run_arguments(
+    parser, *, out: str, epochs: int, time_budget: float, batch_size: int
+) -> None:
+    """The options every example script shares (see README, "Models and
+    example scripts"); `parse_run_args` resolves `--epochs`."""
+    parser.add_argument("--out", default=out, help="output directory")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help=f"default: {epochs} (--smoke: 1)"
+    )
+    parser.set_defaults(default_epochs=epochs)
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=time_budget,
+        help="minutes of training at most",
+    )
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument(
+        "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default="auto"
+    )
+    parser.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--export-dir",
+        default=None,
+        help="TF Serving base directory (default: OUT/export)",
+    )
+    parser.add_argument(
+        "--no-export", action="store_true", help="skip the TF Serving export"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a seconds-long configuration, for tests"
+    )
+
+
+def parse_run_args(parser, argv=None):
+    """Parse, and give `--epochs` its default (1 with `--smoke`)."""
+    args = parser.parse_args(argv)
+    if args.epochs is None:
+        args.epochs = 1 if args.smoke else args.default_epochs
+    del args.default_epochs
+    return args
+
+
+def start_run(args):
+    """Output directory, logging, seed, dtype policy and strategy of a run.
+
+    Returns `(out_dir, policy, strategy)`.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    keras.utils.set_random_seed(args.seed)
+    policy = resolve_mixed_precision(args.mixed_precision)
+    keras.config.set_dtype_policy(policy)
+    return out, policy, make_strategy(args.strategy)
+
+
+def export_base(args, out: Path) -> Path:
+    """Where the TF Serving export goes: `--export-dir` or `OUT/export`."""
+    return Path(args.export_dir) if args.export_dir else out / "export"
