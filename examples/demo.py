@@ -24,6 +24,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from keras_attn.export.check import TENSORFLOW_ONLY_PRELUDE
+
 EXAMPLES = Path(__file__).resolve().parent
 SENTENCES = [
     "A gorgeous, witty film that earns every one of its laughs.",
@@ -32,12 +34,8 @@ SENTENCES = [
 ]
 ENGLISH = ["Where is the station?", "I am very tired today.", "The house is big."]
 
-SERVE_SCRIPT = textwrap.dedent("""
-    import json, sys
-    for blocked in ("keras", "keras_attn", "keras_hub"):
-        sys.modules[blocked] = None
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+SERVE_SCRIPT = TENSORFLOW_ONLY_PRELUDE + textwrap.dedent("""
+    load_text_ops()  # the tokenizer's kernels, as TF Serving links them
     path, inputs = sys.argv[1], json.loads(sys.argv[2])
     serve = tf.saved_model.load(path).signatures["serving_default"]
     outputs = serve(**{k: tf.constant(v) for k, v in inputs.items()})
@@ -94,6 +92,8 @@ def main(argv=None):
             args.minutes,
             "--epochs",
             6,
+            "--ensemble",
+            1,
             "--export-dir",
             exports,
         ]

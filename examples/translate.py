@@ -301,18 +301,20 @@ def translate(adapter, tokenizer, sources, args, batch_size=64):
     """Beam-search translations of `sources`, batched, as strings."""
     import tensorflow as tf
 
+    # One trace for every batch: a fixed source width, any batch size.
     decode = tf.function(
         adapter.beam_search_fn(
-            max_length=args.max_length + 1,
+            max_length=args.max_length,
             beam_width=args.beam_width,
             length_penalty=args.length_penalty,
-        )
+        ),
+        input_signature=[tf.TensorSpec([None, args.max_length], tf.int32)],
     )
     hypotheses = []
     for start in range(0, len(sources), batch_size):
         batch = sources[start : start + batch_size]
-        ids = tokenizer.tokenize(batch)[:, : args.max_length].to_tensor()
-        tokens, _ = decode(ids)
+        ids = tokenizer.tokenize(batch)[:, : args.max_length]
+        tokens, _ = decode(ids.to_tensor(shape=[None, args.max_length]))
         hypotheses += [t.decode("utf-8") for t in tokenizer.detokenize(tokens).numpy()]
     return hypotheses
 

@@ -26,9 +26,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_CHECK_SCRIPT = r"""
+# Run before loading an export "as TF Serving would": keras, keras_hub,
+# keras_attn and TensorFlow Text's Python package cannot be imported (that
+# package imports keras through tf.keras); `load_text_ops()` registers
+# TensorFlow Text's kernels from its shared libraries, as TF Serving links them.
+TENSORFLOW_ONLY_PRELUDE = r"""
 import glob, importlib.util, json, os, sys
-# Where TensorFlow Text's kernels are (found before its package is blocked).
 _spec = importlib.util.find_spec("tensorflow_text")
 TEXT_OPS_DIR = None
 if _spec is not None:
@@ -37,6 +40,17 @@ for blocked in ("keras", "keras_attn", "keras_hub", "keras_nlp", "tensorflow_tex
     sys.modules[blocked] = None
 import numpy as np
 import tensorflow as tf
+
+
+def load_text_ops():
+    if TEXT_OPS_DIR is not None:
+        for library in sorted(glob.glob(os.path.join(TEXT_OPS_DIR, "*.so"))):
+            tf.load_op_library(library)
+"""
+
+_CHECK_SCRIPT = (
+    TENSORFLOW_ONLY_PRELUDE
+    + r"""
 from tensorflow.python.framework import op_def_registry
 
 path, samples_path, result_path = sys.argv[1:4]
@@ -61,11 +75,7 @@ for function in graph.library.function:
 used -= functions
 tensorflow_ops = {op for op in used if op_def_registry.get(op) is not None}
 
-# Register TensorFlow Text's kernels from its shared libraries, as TF Serving
-# links them: its Python package would import keras (through tf.keras).
-if TEXT_OPS_DIR is not None:
-    for library in sorted(glob.glob(os.path.join(TEXT_OPS_DIR, "*.so"))):
-        tf.load_op_library(library)
+load_text_ops()  # as TF Serving links them
 text_ops = {op for op in used - tensorflow_ops if op_def_registry.get(op) is not None}
 unknown = sorted(used - tensorflow_ops - text_ops)
 # Ops TF Serving knows but may not run: no CPU (or device-independent)
@@ -110,6 +120,7 @@ json.dump({
     ),
 }, open(result_path, "w"))
 """
+)
 
 
 @dataclass
