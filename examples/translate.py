@@ -121,29 +121,6 @@ def load_data(args):
     return splits
 
 
-class SmoothedSparseCrossentropy(keras.losses.Loss):
-    """Per-token cross-entropy with label smoothing on sparse targets.
-
-    Padding is excluded by the sample weights of the dataset (0.0 on padded
-    targets), which Keras also applies to the weighted metrics.
-    """
-
-    def __init__(self, label_smoothing=0.0, name="smoothed_crossentropy", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.label_smoothing = label_smoothing
-
-    def call(self, y_true, y_pred):
-        ops = keras.ops
-        y_true = ops.cast(y_true, "int32")
-        log_probs = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)
-        nll = -ops.take_along_axis(log_probs, y_true[..., None], axis=-1)[..., 0]
-        smooth = -ops.mean(log_probs, axis=-1)
-        return (1 - self.label_smoothing) * nll + self.label_smoothing * smooth
-
-    def get_config(self):
-        return {**super().get_config(), "label_smoothing": self.label_smoothing}
-
-
 def build_model(args, vocabulary_size):
     dim, layers, heads, intermediate = SIZES[args.size]
     if args.model == "rnn":
@@ -212,7 +189,7 @@ def main(argv=None) -> dict:
             optimizer=keras.optimizers.AdamW(
                 schedule, weight_decay=args.weight_decay, clipnorm=1.0
             ),
-            loss=SmoothedSparseCrossentropy(args.label_smoothing),
+            loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
     budget = training.TimeBudget(args.time_budget, out / "budget.json")
