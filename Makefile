@@ -7,7 +7,7 @@ PYTEST_FLAGS ?= -q
 # Layer and op tests run a second time on the JAX backend.
 JAX_TESTS := tests/ops tests/layers tests/generation
 
-.PHONY: help install lint test test-tf test-jax test-large bench demo format clean
+.PHONY: help install lint test test-tf test-jax test-large bench bench-serving demo format clean
 
 help:
 	@echo "make demo        train, export and serve a small model (see README)"
@@ -47,10 +47,14 @@ test-jax: $(STAMP)
 test-large: $(STAMP)
 	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest $(PYTEST_FLAGS) -m large
 
+# serving_bench.py needs trained runs (runs/transformer, runs/sentiment): make bench-serving
 bench: $(STAMP)
-	@for script in benchmarks/*_bench.py; do \
-		echo "== $$script"; $(PY) $$script || exit 1; \
+	@for script in attention blocks generation pipeline; do \
+		echo "== benchmarks/$${script}_bench.py"; $(PY) benchmarks/$${script}_bench.py || exit 1; \
 	done
+
+bench-serving: $(STAMP)
+	$(PY) benchmarks/serving_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
