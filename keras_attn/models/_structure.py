@@ -59,3 +59,36 @@ def language_model_config(model: keras.Model) -> dict:
         "num_layers": _count(model, "decoder"),
         "normalize_first": _has(model, "final_norm"),
     }
+
+
+def stack_blocks(
+    x,
+    block_class,
+    count,
+    prefix,
+    *,
+    num_heads,
+    intermediate_dim,
+    dropout,
+    normalize_first,
+    final_norm_name,
+    context=None,
+):
+    """`count` blocks named `{prefix}_{i}` over `x`, then, for pre-norm
+    blocks, a final `LayerNormalization` named `final_norm_name`.
+
+    `context` (an encoder sequence) is passed to every block when given: the
+    decoder blocks of a translator.
+    """
+    for index in range(count):
+        block = block_class(
+            num_heads,
+            intermediate_dim,
+            dropout=dropout,
+            normalize_first=normalize_first,
+            name=f"{prefix}_{index}",
+        )
+        x = block(x) if context is None else block(x, context)
+    if normalize_first:
+        x = keras.layers.LayerNormalization(epsilon=1e-5, name=final_norm_name)(x)
+    return x

@@ -8,6 +8,7 @@ from keras_attn.layers import _validation as v
 from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attn.models._structure import stack_blocks
 
 POOLINGS = ("mean", "attention")
 
@@ -59,16 +60,17 @@ def sentiment_classifier(
         name="embedding",
     )(token_ids)  # (B, T, d), Keras mask token_ids != 0
     x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
-    for index in range(num_layers):
-        x = TransformerEncoderBlock(
-            num_heads,
-            intermediate_dim,
-            dropout=dropout,
-            normalize_first=normalize_first,
-            name=f"encoder_{index}",
-        )(x)
-    if normalize_first:
-        x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+    x = stack_blocks(
+        x,
+        TransformerEncoderBlock,
+        num_layers,
+        "encoder",
+        num_heads=num_heads,
+        intermediate_dim=intermediate_dim,
+        dropout=dropout,
+        normalize_first=normalize_first,
+        final_norm_name="final_norm",
+    )
     if pooling == "mean":
         pooled = keras.layers.GlobalAveragePooling1D(name="pooling")(x)  # masked mean
     else:

@@ -9,7 +9,11 @@ from keras_attn.layers import _validation as v
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
-from keras_attn.models._structure import language_model_config, translator_config
+from keras_attn.models._structure import (
+    language_model_config,
+    stack_blocks,
+    translator_config,
+)
 
 
 def _output_layer(hidden, embedding, vocabulary_size, tie_embeddings, name):
@@ -63,6 +67,13 @@ def transformer_translator(
     encoder_inputs = keras.Input((None,), dtype="int32", name="encoder_inputs")
     decoder_inputs = keras.Input((None,), dtype="int32", name="decoder_inputs")
 
+    block_kwargs = {
+        "num_heads": num_heads,
+        "intermediate_dim": intermediate_dim,
+        "dropout": dropout,
+        "normalize_first": normalize_first,
+    }
+
     def embedding(vocabulary_size, layer_name):
         return TokenAndPositionEmbedding(
             vocabulary_size,
@@ -87,30 +98,27 @@ def transformer_translator(
 
     x = source_embedding(encoder_inputs)  # (B, S, d), masked
     x = keras.layers.Dropout(dropout, name="source_dropout")(x)
-    for index in range(num_encoder_layers):
-        x = TransformerEncoderBlock(
-            num_heads,
-            intermediate_dim,
-            dropout=dropout,
-            normalize_first=normalize_first,
-            name=f"encoder_{index}",
-        )(x)
-    if normalize_first:
-        x = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")(x)
+    x = stack_blocks(
+        x,
+        TransformerEncoderBlock,
+        num_encoder_layers,
+        "encoder",
+        final_norm_name="encoder_norm",
+        **block_kwargs,
+    )
     encoder_outputs = x
 
     y = target_embedding(decoder_inputs)  # (B, T, d), masked
     y = keras.layers.Dropout(dropout, name="target_dropout")(y)
-    for index in range(num_decoder_layers):
-        y = TransformerDecoderBlock(
-            num_heads,
-            intermediate_dim,
-            dropout=dropout,
-            normalize_first=normalize_first,
-            name=f"decoder_{index}",
-        )(y, encoder_outputs)
-    if normalize_first:
-        y = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")(y)
+    y = stack_blocks(
+        y,
+        TransformerDecoderBlock,
+        num_decoder_layers,
+        "decoder",
+        final_norm_name="decoder_norm",
+        context=encoder_outputs,
+        **block_kwargs,
+    )
     logits = _output_layer(
         y, target_embedding, target_vocabulary_size, tie_embeddings, "logits"
     )
@@ -157,16 +165,17 @@ def transformer_language_model(
     )
     x = embedding(token_ids)
     x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
-    for index in range(num_layers):
-        x = TransformerDecoderBlock(
-            num_heads,
-            intermediate_dim,
-            dropout=dropout,
-            normalize_first=normalize_first,
-            name=f"decoder_{index}",
-        )(x)
-    if normalize_first:
-        x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+    x = stack_blocks(
+        x,
+        TransformerDecoderBlock,
+        num_layers,
+        "decoder",
+        num_heads=num_heads,
+        intermediate_dim=intermediate_dim,
+        dropout=dropout,
+        normalize_first=normalize_first,
+        final_norm_name="final_norm",
+    )
     logits = _output_layer(x, embedding, vocabulary_size, tie_embeddings, "logits")
     model = keras.Model(token_ids, logits, name=name)
     return model
