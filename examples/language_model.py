@@ -21,7 +21,6 @@ import argparse
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -160,21 +159,9 @@ def main(argv=None) -> dict:
                 from_logits=True, ignore_class=0
             ),
         )
-    budget = training.TimeBudget(args.time_budget, out / "budget.json")
-    callbacks = training.standard_callbacks(out, budget, "val_loss", mode="min")
-    started = time.monotonic()
-    model.fit(
-        train_data,
-        validation_data=validation_data,
-        epochs=args.epochs,
-        callbacks=callbacks,
-        verbose=2,
+    train_seconds, completed_steps, budget = training.fit_within_budget(
+        model, train_data, validation_data, args, out
     )
-    train_seconds = time.monotonic() - started
-    completed_steps = int(model.optimizer.iterations.numpy())  # resumed runs included
-    best = out / "checkpoints" / "best.weights.h5"
-    if best.exists():
-        model.load_weights(best)
     model.save(out / "model.keras")
 
     test_characters = sum(len(document.text) for document in splits.test)

@@ -192,20 +192,9 @@ def main(argv=None) -> dict:
             loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
-    budget = training.TimeBudget(args.time_budget, out / "budget.json")
-    callbacks = training.standard_callbacks(out, budget, "val_loss", mode="min")
-    started = time.monotonic()
-    model.fit(
-        train_data,
-        validation_data=validation_data,
-        epochs=args.epochs,
-        callbacks=callbacks,
-        verbose=2,
+    train_seconds, completed_steps, budget = training.fit_within_budget(
+        model, train_data, validation_data, args, out
     )
-    train_seconds = time.monotonic() - started
-    best = out / "checkpoints" / "best.weights.h5"
-    if best.exists():
-        model.load_weights(best)
     model.save(out / "model.keras")
 
     adapter = translator_adapter(model)
@@ -249,6 +238,7 @@ def main(argv=None) -> dict:
         "train_seconds": train_seconds,
         "stopped_by_time_budget": budget.stopped_early,
         "steps_per_epoch": steps_per_epoch,
+        "optimizer_steps": completed_steps,
     }
     environment = training.describe_environment(policy, strategy)
     training.write_metrics(

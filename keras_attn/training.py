@@ -268,3 +268,36 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
 
     def get_config(self):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def fit_within_budget(
+    model,
+    train_data,
+    validation_data,
+    args,
+    out: Path,
+    monitor: str = "val_loss",
+    mode: str = "min",
+):
+    """`fit` with the standard callbacks and `--time-budget`, then the best
+    checkpoint (by `monitor` on validation) loaded back.
+
+    Returns `(train_seconds, completed_steps, budget)`; `completed_steps`
+    counts the optimizer steps of the whole run, resumed parts included.
+    """
+    budget = TimeBudget(args.time_budget, out / "budget.json")
+    callbacks = standard_callbacks(out, budget, monitor, mode=mode)
+    started = time.monotonic()
+    model.fit(
+        train_data,
+        validation_data=validation_data,
+        epochs=args.epochs,
+        callbacks=callbacks,
+        verbose=2,
+    )
+    train_seconds = time.monotonic() - started
+    completed_steps = int(model.optimizer.iterations.numpy())
+    best = out / "checkpoints" / "best.weights.h5"
+    if best.exists():
+        model.load_weights(best)
+    return train_seconds, completed_steps, budget
