@@ -9,9 +9,25 @@ fetched on first use), split by the fixed rule of keras_attn.datasets. Or pass
 
 Writes to --out: vocab/ (SentencePiece model), checkpoints/, backup/ (resume
 after an interruption), logs/ (TensorBoard), model.keras, metrics.json (test
-accuracy and the exact configuration), plots/ (per-token attention of a few
-test reviews) and, unless --no-export, the TF Serving export under
-export/sentiment/<version>/.
+accuracy, each member's final training loss and the exact configuration),
+plots/ (per-token attention of a few test reviews) and, unless --no-export,
+the TF Serving export under export/sentiment/<version>/.
+
+Several machines (`--strategy multi-worker`, data parallel, synchronous): start
+the same command on every worker, each with its own TF_CONFIG, e.g. on the
+second of two workers
+
+    TF_CONFIG='{"cluster": {"worker": ["host0:12345", "host1:12345"]},
+                "task": {"type": "worker", "index": 1}}' \
+        python examples/sentiment.py --strategy multi-worker --out runs/mw
+
+--batch-size is per replica (one per worker on CPUs: the global batch is N
+times larger). Each worker reads the whole data file (same seed, same
+shuffling) and takes its share of every global batch. Only the chief (worker
+0, or the `chief` task if the cluster has one) writes to --out and
+--export-dir; every other worker writes the same files under
+OUT/workers/worker_<index>/, so all may share one --out. The run matches one
+process on the global batch (tests/examples/test_multi_worker.py).
 """
 
 from __future__ import annotations
@@ -79,7 +95,7 @@ def parse_args(argv=None):
     )
     args = training.parse_run_args(parser, argv)
     if args.smoke:
-        args.vocabulary_size = min(args.vocabulary_size, 300)
+        args.vocabulary_size = min(args.vocabulary_size, 400)
         args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32
         args.max_length = 32
     return args
@@ -126,7 +142,7 @@ def main(argv=None) -> dict:
     validation_data = dataset(splits.validation, False)
     test_data = dataset(splits.test, False)
 
-    members, budgets = [], []
+    members, budgets, final_losses = [], [], []
     started = time.monotonic()
     for index in range(args.ensemble):
         member_dir = out / "members" / str(index)
@@ -171,20 +187,25 @@ def main(argv=None) -> dict:
         )
         done = member_dir / "done.json"
         if not done.exists():  # a rerun after an interruption skips finished members
-            member.fit(
+            history = member.fit(
                 train_data,
                 validation_data=validation_data,
                 epochs=args.epochs,
                 callbacks=callbacks,
                 verbose=2,
             )
-            done.write_text(json.dumps({"seconds": budget.seconds}))
+            losses = history.history.get("loss") or [None]
+            done.write_text(
+                json.dumps({"seconds": budget.seconds, "final_train_loss": losses[-1]})
+            )
+        final_losses.append(json.loads(done.read_text()).get("final_train_loss"))
         member.load_weights(member_dir / "checkpoints" / "best.weights.h5")
         members.append(member)
         budgets.append(budget)
     train_seconds = time.monotonic() - started
-    model = average_ensemble(members)
-    model.compile(loss="binary_crossentropy", metrics=["accuracy"])
+    with strategy.scope():  # also holds the evaluation metrics' variables
+        model = average_ensemble(members)
+        model.compile(loss="binary_crossentropy", metrics=["accuracy"])
     test_accuracy = float(
         model.evaluate(test_data, return_dict=True, verbose=0)["accuracy"]
     )
@@ -216,6 +237,8 @@ def main(argv=None) -> dict:
         "train_seconds": train_seconds,
         "stopped_by_time_budget": any(b.stopped_early for b in budgets),
         "ensemble": args.ensemble,
+        # The training loss of each member's last epoch (mean over its batches).
+        "final_train_loss": final_losses,
         "test_examples": len(splits.test),
     }
     environment = training.describe_environment(policy, strategy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -61,7 +62,9 @@ def make_strategy(name: str):
     """A `tf.distribute` strategy for `--strategy NAME`.
 
     `auto`: `MirroredStrategy` over every GPU when there are several, else the
-    default strategy. `multi-worker` reads the cluster from `TF_CONFIG`.
+    default strategy. `multi-worker` reads the cluster from `TF_CONFIG` (and
+    applies `patch_keras_for_multi_worker`, without which Keras 3's `fit`
+    fails under that strategy).
     """
     import tensorflow as tf
 
@@ -76,12 +79,105 @@ def make_strategy(name: str):
                 "strategy='multi-worker' reads the cluster from the TF_CONFIG "
                 "environment variable, which is not set."
             )
+        patch_keras_for_multi_worker()
         return tf.distribute.MultiWorkerMirroredStrategy()
     if name == "mirrored" or (
         name == "auto" and len(tf.config.list_physical_devices("GPU")) > 1
     ):
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
+
+
+def _in_multi_worker_mode(strategy) -> bool:
+    """A `MultiWorkerMirroredStrategy` with a cluster (not a local one)."""
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    return bool(strategy.cluster_resolver.cluster_spec().as_dict())
+
+
+def patch_keras_for_multi_worker() -> bool:
+    """Make Keras 3's `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
+
+    Keras 3 (checked with 3.15 on TensorFlow 2.21; keras-team/keras#20585,
+    tensorflow/tensorflow#72388) fails twice with more than one worker:
+
+    1. `fit` and `evaluate` build the model state (metrics, optimizer) from
+       a first batch, averaged over the replicas with `strategy.reduce("MEAN",
+       (x, y))`, which the collective strategy rejects: "ValueError: Attempt
+       to convert a value (PerReplica:{...}) with an unsupported type". Only
+       the shapes and dtypes of that batch matter, so the patched build uses
+       the dataset's `element_spec`. It also reads no batch: Keras opened an
+       extra iterator for it, which advanced the shuffling of a
+       `Dataset.shuffle(seed=..., reshuffle_each_iteration=True)`, so that a
+       distributed run saw other batches than a run without a strategy.
+    2. Every train/test step averages the (scalar) metric results over the
+       workers with `strategy.reduce("MEAN", value, axis=0)`: "ValueError:
+       Invalid reduction dimension 0 for input with 0 dimensions". The patch
+       averages scalars over the replicas (`axis=None`) instead; these are
+       only the per-step progress values, the epoch logs (History,
+       callbacks) are read from the metric variables, summed over all
+       workers.
+
+    Both patches change behaviour only under a multi-worker
+    `MultiWorkerMirroredStrategy`. Private Keras functions are wrapped, so a
+    Keras without them leaves everything as it is (with a warning). Returns
+    whether the patches are in place; calling it again is harmless.
+    """
+    try:
+        import tensorflow as tf
+        from keras.src.backend.tensorflow import trainer as tf_trainer
+
+        trainer_class = tf_trainer.TensorFlowTrainer
+        original_build = trainer_class._maybe_symbolic_build
+        original_reduce = tf_trainer.reduce_per_replica
+    except (ImportError, AttributeError) as error:
+        logger.warning("Cannot patch Keras for MultiWorkerMirroredStrategy: %s", error)
+        return False
+    if getattr(original_reduce, "_keras_attn_patch", False):
+        return True
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or not _in_multi_worker_mode(strategy):
+            return original_build(self, iterator=iterator, data_batch=data_batch)
+        # TensorSpecs: `_symbolic_build` needs only `shape` and `dtype`.
+        data_batch = iterator.data_adapter.get_tf_dataset().element_spec
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not _in_multi_worker_mode(strategy):
+            return original_reduce(values, strategy, reduction)
+
+        def reduce(value):
+            if getattr(value, "shape", None) is not None and value.shape.rank == 0:
+                return strategy.reduce("MEAN", value, axis=None)
+            return original_reduce(value, strategy, reduction)
+
+        return tf.nest.map_structure(reduce, values)
+
+    reduce_per_replica._keras_attn_patch = True
+    trainer_class._maybe_symbolic_build = _maybe_symbolic_build
+    tf_trainer.reduce_per_replica = reduce_per_replica
+    return True
+
+
+def is_chief(strategy) -> bool:
+    """Whether this process writes the shared outputs of a run.
+
+    Always true except under a multi-worker `MultiWorkerMirroredStrategy`,
+    where the chief is the `chief` task of `TF_CONFIG` or, when the cluster
+    has none, worker 0.
+    """
+    if not _in_multi_worker_mode(strategy):
+        return True
+    resolver = strategy.cluster_resolver
+    if resolver.task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -120,6 +216,73 @@ class TimeBudget(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.state_path:
             self.state_path.write_text(json.dumps({"seconds": self.seconds}))
+
+
+class BudgetCosineDecay(keras.callbacks.Callback):
+    """Linear warm-up, then cosine decay that ends with the time budget.
+
+    A step-based schedule decays over `--epochs`; under a time budget a run
+    may stop long before, with the learning rate still near its peak. Here
+    the decay follows the *progress* of the run: the larger of the share of
+    `total_steps` done and the share of the budget spent (`budget.seconds`,
+    resumed parts included), so the rate reaches `alpha * peak` when either
+    runs out, on any machine. The optimizer's learning rate must be a plain
+    value (not a schedule); this sets it before every training batch.
+
+    Args:
+        peak: learning rate after warm-up.
+        warmup_steps: optimizer steps of linear warm-up from 0.
+        total_steps: steps of the whole run (`epochs * steps_per_epoch`).
+        budget: the run's `TimeBudget` (`None` or no budget: steps only).
+        alpha: the final rate as a share of `peak`.
+    """
+
+    def __init__(
+        self,
+        peak: float,
+        warmup_steps: int,
+        total_steps: int,
+        budget: TimeBudget | None = None,
+        alpha: float = 0.1,
+    ):
+        super().__init__()
+        if not peak > 0:
+            raise ValueError(f"`peak` must be positive. Received: peak={peak}")
+        if warmup_steps < 0 or total_steps < 1:
+            raise ValueError(
+                "`warmup_steps` must be >= 0 and `total_steps` >= 1. Received: "
+                f"warmup_steps={warmup_steps}, total_steps={total_steps}"
+            )
+        if not 0 <= alpha <= 1:
+            raise ValueError(f"`alpha` must be in [0, 1]. Received: alpha={alpha}")
+        self.peak = float(peak)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = int(total_steps)
+        self.budget = budget
+        self.alpha = float(alpha)
+
+    def progress(self, step: int) -> float:
+        """Share of the run done, in [0, 1]."""
+        done = step / self.total_steps
+        if self.budget is not None and self.budget.budget:
+            done = max(done, self.budget.seconds / self.budget.budget)
+        return min(1.0, done)
+
+    def rate(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.peak * (step + 1) / (self.warmup_steps + 1)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * self.progress(step)))
+        return self.peak * (self.alpha + (1.0 - self.alpha) * cosine)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        self.model.optimizer.learning_rate = self.rate(step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = float(
+                keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)
+            )
 
 
 def standard_callbacks(
@@ -203,7 +366,14 @@ def add_run_arguments(
     parser.add_argument(
         "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default="auto"
     )
-    parser.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto")
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGY_CHOICES,
+        default="auto",
+        help="multi-worker: run the script on every worker with its TF_CONFIG; "
+        "--batch-size is per replica (per worker on CPUs); only the chief "
+        "writes to --out, the others to OUT/workers/<type>_<index>/",
+    )
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument(
         "--export-dir",
@@ -230,15 +400,28 @@ def parse_run_args(parser, argv=None):
 def start_run(args):
     """Output directory, logging, seed, dtype policy and strategy of a run.
 
+    Under `--strategy multi-worker` every worker runs the whole script (the
+    collective ops of `fit`, `evaluate` and `predict` need all of them), but
+    only the chief writes to `--out` and `--export-dir`: any
+    other worker writes the same files under `OUT/workers/<type>_<index>/`
+    (`args.out` is changed accordingly and `args.export_dir` cleared), so
+    the workers may share one `--out` on a shared file system.
+
     Returns `(out_dir, policy, strategy)`.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
     policy = resolve_mixed_precision(args.mixed_precision)
     keras.config.set_dtype_policy(policy)
-    return out, policy, make_strategy(args.strategy)
+    strategy = make_strategy(args.strategy)
+    out = Path(args.out)
+    if not is_chief(strategy):
+        resolver = strategy.cluster_resolver
+        out = out / "workers" / f"{resolver.task_type}_{resolver.task_id}"
+        logger.info("Not the chief: writing to %s, not to --out.", out)
+        args.out, args.export_dir = str(out), None
+    out.mkdir(parents=True, exist_ok=True)
+    return out, policy, strategy
 
 
 def export_base(args, out: Path) -> Path:
@@ -278,15 +461,22 @@ def fit_within_budget(
     out: Path,
     monitor: str = "val_loss",
     mode: str = "min",
+    schedule: dict | None = None,
 ):
     """`fit` with the standard callbacks and `--time-budget`, then the best
     checkpoint (by `monitor` on validation) loaded back.
+
+    `schedule`: keyword arguments of a `BudgetCosineDecay` (`peak`,
+    `warmup_steps`, `total_steps`, `alpha`) tied to this run's budget; the
+    model's optimizer must then have a plain learning rate.
 
     Returns `(train_seconds, completed_steps, budget)`; `completed_steps`
     counts the optimizer steps of the whole run, resumed parts included.
     """
     budget = TimeBudget(args.time_budget, out / "budget.json")
     callbacks = standard_callbacks(out, budget, monitor, mode=mode)
+    if schedule is not None:
+        callbacks.insert(0, BudgetCosineDecay(budget=budget, **schedule))
     started = time.monotonic()
     model.fit(
         train_data,
