@@ -14,10 +14,17 @@ def main(argv=None) -> int:
         "path", help="an export's version directory, e.g. export/sentiment/1"
     )
     check.add_argument("--atol", type=float, default=1e-4)
+    check.add_argument(
+        "--example",
+        action="append",
+        metavar="TEXT",
+        help="also send TEXT to every signature and print the TF Serving REST "
+        "request and response (repeat for a batch)",
+    )
     args = parser.parse_args(argv)
     from keras_attn.export.check import check_servable
 
-    report = check_servable(args.path, atol=args.atol)
+    report = check_servable(args.path, atol=args.atol, examples=args.example)
     return 0 if report.ok else 1
 
 

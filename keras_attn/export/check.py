@@ -55,6 +55,7 @@ from tensorflow.python.framework import op_def_registry
 
 path, samples_path, result_path = sys.argv[1:4]
 samples = json.load(open(samples_path))
+examples = samples.pop("__examples__", {})
 
 def as_json(value):
     value = np.asarray(value)
@@ -109,9 +110,18 @@ with tf.compat.v1.Session(graph=tf.Graph()) as session:
         names = sorted(signature.outputs)
         values = session.run([signature.outputs[k].name for k in names], feed_dict=feed)
         tf1[name] = {k: as_json(v) for k, v in zip(names, values)}
+    # Requests given with --example: answered by the serve-tag loader only.
+    answers = {}
+    for name, inputs in examples.items():
+        signature = meta.signature_def[name]
+        feed = {signature.inputs[k].name: v for k, v in inputs.items()}
+        names = sorted(signature.outputs)
+        values = session.run([signature.outputs[k].name for k in names], feed_dict=feed)
+        answers[name] = {k: as_json(v) for k, v in zip(names, values)}
 
 json.dump({
-    "tf2": tf2, "tf1": tf1, "unknown_ops": unknown, "no_cpu_kernel": no_cpu_kernel,
+    "tf2": tf2, "tf1": tf1, "examples": answers,
+    "unknown_ops": unknown, "no_cpu_kernel": no_cpu_kernel,
     "text_ops": sorted(text_ops), "num_ops": len(used),
     "modules": sorted(
         m for m in sys.modules
@@ -132,6 +142,7 @@ class ServabilityReport:
     num_ops: int = 0
     text_ops: list = field(default_factory=list)
     cli_summary: str = ""
+    rest_examples: list = field(default_factory=list)
 
     def __str__(self):
         status = "SERVABLE" if self.ok else "NOT SERVABLE"
@@ -142,6 +153,13 @@ class ServabilityReport:
             f"{', '.join(self.text_ops) or 'none'})",
         ]
         lines += [f"problem: {p}" for p in self.problems]
+        if self.rest_examples:
+            lines.append(
+                "REST requests and the responses TF Serving returns for them "
+                "(outputs of the serve-tag loader):"
+            )
+            for url, body, response in self.rest_examples:
+                lines += [f"POST {url}", f"  {body}", f"  -> {response}"]
         return "\n".join(lines)
 
 
@@ -170,7 +188,9 @@ def _close(got, want, atol) -> bool:
     )
 
 
-def check_servable(path, atol: float = 1e-4, verbose: bool = True) -> ServabilityReport:
+def check_servable(
+    path, atol: float = 1e-4, verbose: bool = True, examples=None
+) -> ServabilityReport:
     """Check that TF Serving can load and serve the export at `path`.
 
     `path` is a version directory written by one of the `export_*` functions
@@ -179,6 +199,12 @@ def check_servable(path, atol: float = 1e-4, verbose: bool = True) -> Servabilit
     is False when a loader fails, an output differs from the in-process one
     by more than `atol`, or the graph uses ops outside TensorFlow and
     TensorFlow Text.
+
+    `examples`: texts (a list of strings) to send to every signature through
+    the serve-tag loader; `report.rest_examples` then holds, for each
+    signature, the TF Serving REST request for them (`url`, JSON body, in the
+    row form `instances` for `serving_default` and the columnar form `inputs`
+    for every signature) and the JSON response TF Serving gives.
     """
     from keras_attn.export._common import read_metadata
 
@@ -190,7 +216,14 @@ def check_servable(path, atol: float = 1e-4, verbose: bool = True) -> Servabilit
     with tempfile.TemporaryDirectory() as tmp:
         samples_path = Path(tmp) / "samples.json"
         result_path = Path(tmp) / "result.json"
-        samples_path.write_text(json.dumps(metadata["samples"]))
+        samples = dict(metadata["samples"])
+        if examples is not None:
+            examples = _check_examples(examples)
+            samples["__examples__"] = {
+                name: {key: examples for key in inputs}
+                for name, inputs in metadata["samples"].items()
+            }
+        samples_path.write_text(json.dumps(samples))
         result = subprocess.run(
             [
                 sys.executable,
@@ -238,8 +271,77 @@ def check_servable(path, atol: float = 1e-4, verbose: bool = True) -> Servabilit
                     f"{loader} loader: signature {name!r} gave "
                     f"{checked[loader].get(name)!r}, expected {outputs!r}"
                 )
+    if examples is not None:
+        report.rest_examples = rest_examples(
+            metadata["model_name"], samples["__examples__"], checked["examples"]
+        )
     report.cli_summary = saved_model_cli_summary(path)
     return _finish(report, verbose)
+
+
+def _check_examples(examples) -> list:
+    if isinstance(examples, str) or not all(isinstance(t, str) for t in examples):
+        raise ValueError(
+            f"`examples` must be a list of strings. Received: examples={examples!r}"
+        )
+    return list(examples)
+
+
+def _json_number(value):
+    """Floats as TF Serving writes float32 (shortest round-trip digits)."""
+    import numpy as np
+
+    if isinstance(value, list):
+        return [_json_number(v) for v in value]
+    if isinstance(value, float):
+        return float(str(np.float32(value)))
+    return value
+
+
+def rest_examples(model_name: str, requests: dict, responses: dict) -> list:
+    """`(url, body, response)` triples in TF Serving's REST predict format.
+
+    Row form (`instances`, answered with `predictions`: one object per input,
+    or the bare value when a signature has one output) for `serving_default`;
+    columnar form (`inputs`, answered with `outputs`) for every signature.
+    """
+    url = f"/v1/models/{model_name}:predict"
+    triples = []
+    for name, inputs in requests.items():
+        outputs = {k: _json_number(v) for k, v in responses[name].items()}
+        if name == "serving_default":
+            rows = [
+                {k: v[i] for k, v in outputs.items()}
+                if len(outputs) > 1
+                else next(iter(outputs.values()))[i]
+                for i in range(len(next(iter(inputs.values()))))
+            ]
+            body = {"instances": next(iter(inputs.values()))}
+            if len(inputs) > 1:
+                body = {
+                    "instances": [
+                        {k: v[i] for k, v in inputs.items()}
+                        for i in range(len(next(iter(inputs.values()))))
+                    ]
+                }
+            triples.append(
+                (
+                    url,
+                    json.dumps(body, ensure_ascii=False),
+                    json.dumps({"predictions": rows}, ensure_ascii=False),
+                )
+            )
+        columns = outputs if len(outputs) > 1 else next(iter(outputs.values()))
+        triples.append(
+            (
+                url,
+                json.dumps(
+                    {"signature_name": name, "inputs": inputs}, ensure_ascii=False
+                ),
+                json.dumps({"outputs": columns}, ensure_ascii=False),
+            )
+        )
+    return triples
 
 
 def saved_model_cli_summary(path) -> str:

@@ -111,3 +111,33 @@ def test_check_fails_when_the_export_disagrees_with_the_model(exported, tmp_path
     assert not report.ok
     assert any("tf2 loader" in p for p in report.problems)
     assert any("tf1 loader" in p for p in report.problems)
+
+
+def test_check_prints_rest_requests_and_the_served_responses(exported):
+    model, tokenizer, _, path = exported
+    texts = ["the plot is thin", "a gorgeous witty film"]
+    report = check_servable(path, verbose=False, examples=texts)
+    assert report.ok, str(report)
+    ids = tokenizer.tokenize(texts).to_tensor(shape=[None, MAX_LENGTH])
+    expected = np.asarray(model(ids))[:, 0]
+    labels = ["positive" if p > 0.5 else "negative" for p in expected]
+    (url, row_body, row_response), (url2, column_body, column_response) = (
+        report.rest_examples
+    )
+    assert url == url2 == "/v1/models/sentiment:predict"
+    assert json.loads(row_body) == {"instances": texts}
+    predictions = json.loads(row_response)["predictions"]
+    assert [p["label"] for p in predictions] == labels
+    np.testing.assert_allclose(
+        [p["positive_probability"] for p in predictions], expected, atol=1e-5
+    )
+    assert json.loads(column_body) == {
+        "signature_name": "serving_default",
+        "inputs": {"text": texts},
+    }
+    outputs = json.loads(column_response)["outputs"]
+    assert outputs["label"] == labels
+    np.testing.assert_allclose(outputs["positive_probability"], expected, atol=1e-5)
+    assert "POST /v1/models/sentiment:predict" in str(report)
+    with pytest.raises(ValueError, match="examples"):
+        check_servable(path, verbose=False, examples="one string")
