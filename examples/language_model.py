@@ -144,23 +144,28 @@ def main(argv=None) -> dict:
             intermediate_dim=args.intermediate_dim,
             dropout=args.dropout,
         )
-        schedule = keras.optimizers.schedules.CosineDecay(
-            0.0,
-            decay_steps=max(1, steps_per_epoch * args.epochs),
-            warmup_target=args.learning_rate,
-            warmup_steps=args.warmup_steps,
-            alpha=0.1,
-        )
         model.compile(
             optimizer=keras.optimizers.AdamW(
-                schedule, weight_decay=args.weight_decay, clipnorm=1.0
+                args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
             ),
             loss=keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, ignore_class=0
             ),
         )
     train_seconds, completed_steps, budget = training.fit_within_budget(
-        model, train_data, validation_data, args, out
+        model,
+        train_data,
+        validation_data,
+        args,
+        out,
+        # Warm-up, then cosine decay to the end of --epochs or of the time
+        # budget, whichever comes first.
+        schedule=dict(
+            peak=args.learning_rate,
+            warmup_steps=args.warmup_steps,
+            total_steps=max(1, steps_per_epoch * args.epochs),
+            alpha=0.1,
+        ),
     )
     model.save(out / "model.keras")
 

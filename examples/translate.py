@@ -178,22 +178,27 @@ def main(argv=None) -> dict:
     steps_per_epoch = sum(1 for _ in train_data)
     with strategy.scope():
         model = build_model(args, tokenizer.vocabulary_size)
-        schedule = keras.optimizers.schedules.CosineDecay(
-            0.0,
-            decay_steps=max(1, steps_per_epoch * args.epochs),
-            warmup_target=args.learning_rate,
-            warmup_steps=args.warmup_steps,
-            alpha=0.05,
-        )
         model.compile(
             optimizer=keras.optimizers.AdamW(
-                schedule, weight_decay=args.weight_decay, clipnorm=1.0
+                args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
             ),
             loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
     train_seconds, completed_steps, budget = training.fit_within_budget(
-        model, train_data, validation_data, args, out
+        model,
+        train_data,
+        validation_data,
+        args,
+        out,
+        # Warm-up, then cosine decay to the end of --epochs or of the time
+        # budget, whichever comes first.
+        schedule=dict(
+            peak=args.learning_rate,
+            warmup_steps=args.warmup_steps,
+            total_steps=max(1, steps_per_epoch * args.epochs),
+            alpha=0.05,
+        ),
     )
     model.save(out / "model.keras")
 

@@ -1,0 +1,85 @@
+"""`BudgetCosineDecay`: warm-up, then cosine decay to the end of the steps or
+of the time budget, whichever comes first."""
+
+import itertools
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.training import BudgetCosineDecay, TimeBudget
+
+
+class FakeBudget(TimeBudget):
+    def __init__(self, minutes, seconds):
+        super().__init__(minutes)
+        self._seconds = seconds
+
+    @property
+    def seconds(self):
+        return self._seconds
+
+
+def test_warmup_then_cosine_over_the_steps():
+    schedule = BudgetCosineDecay(1e-3, warmup_steps=9, total_steps=110, alpha=0.1)
+    rates = [schedule.rate(step) for step in range(110)]
+    np.testing.assert_allclose(rates[:9], 1e-3 * np.arange(1, 10) / 10)
+    # After warm-up, the cosine of the share of the steps done.
+    cosine = 0.5 * (1 + math.cos(math.pi * 9 / 110))
+    assert math.isclose(rates[9], 1e-3 * (0.1 + 0.9 * cosine))
+    # Half-way through the steps: the cosine's mid-point.
+    assert math.isclose(schedule.rate(55), 1e-3 * (0.1 + 0.9 * 0.5))
+    assert math.isclose(schedule.rate(110), 1e-4)
+    assert all(a >= b for a, b in itertools.pairwise(rates[9:]))
+
+
+def test_the_time_budget_ends_the_decay_first():
+    budget = FakeBudget(minutes=10, seconds=300.0)  # half the budget spent
+    schedule = BudgetCosineDecay(1e-3, 0, total_steps=10_000, budget=budget)
+    assert math.isclose(schedule.progress(100), 0.5)
+    assert math.isclose(schedule.rate(100), 1e-3 * (0.1 + 0.9 * 0.5))
+    budget._seconds = 600.0
+    assert math.isclose(schedule.rate(100), 1e-4)
+    # Steps run out before the budget: the steps decide.
+    budget._seconds = 60.0
+    assert math.isclose(schedule.progress(5_000), 0.5)
+    # No budget at all: steps only.
+    assert math.isclose(
+        BudgetCosineDecay(1e-3, 0, 100, budget=TimeBudget(None)).progress(25), 0.25
+    )
+
+
+def test_sets_the_optimizer_rate_in_fit():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.5), "mse")
+    schedule = BudgetCosineDecay(0.2, warmup_steps=0, total_steps=4, alpha=0.0)
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(
+                float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+            )
+
+    x, y = np.ones((8, 2), "float32"), np.zeros((8, 1), "float32")
+    history = model.fit(
+        x, y, batch_size=2, epochs=1, callbacks=[schedule, Record()], verbose=0
+    )
+    expected = [0.2 * 0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(4)]
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+    assert history.history["learning_rate"][0] == pytest.approx(expected[-1], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(peak=0.0, warmup_steps=0, total_steps=1), "peak"),
+        (dict(peak=1e-3, warmup_steps=-1, total_steps=1), "warmup_steps"),
+        (dict(peak=1e-3, warmup_steps=0, total_steps=0), "total_steps"),
+        (dict(peak=1e-3, warmup_steps=0, total_steps=1, alpha=2.0), "alpha"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BudgetCosineDecay(**kwargs)
