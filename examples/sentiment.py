@@ -205,7 +205,8 @@ def main(argv=None) -> dict:
     train_seconds = time.monotonic() - started
     with strategy.scope():  # also holds the evaluation metrics' variables
         model = average_ensemble(members)
-        model.compile(loss="binary_crossentropy", metrics=["accuracy"])
+        if model is not members[0]:  # a lone member keeps its trained optimizer
+            model.compile(loss="binary_crossentropy", metrics=["accuracy"])
     test_accuracy = float(
         model.evaluate(test_data, return_dict=True, verbose=0)["accuracy"]
     )

@@ -360,7 +360,7 @@ def add_run_arguments(
         "--time-budget",
         type=float,
         default=time_budget,
-        help="minutes of training at most",
+        help="minutes of training at most (0: no budget, --epochs only)",
     )
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument(
@@ -389,8 +389,16 @@ def add_run_arguments(
 
 
 def parse_run_args(parser, argv=None):
-    """Parse, and give `--epochs` its default (1 with `--smoke`)."""
+    """Parse, give `--epochs` its default (1 with `--smoke`) and turn
+    `--time-budget 0` into no budget (`None`)."""
     args = parser.parse_args(argv)
+    if args.time_budget < 0:
+        parser.error(
+            f"--time-budget must be >= 0 minutes (0: no budget). "
+            f"Received: {args.time_budget}"
+        )
+    if args.time_budget == 0:
+        args.time_budget = None
     if args.epochs is None:
         args.epochs = 1 if args.smoke else args.default_epochs
     del args.default_epochs

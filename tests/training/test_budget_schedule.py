@@ -83,3 +83,32 @@ def test_sets_the_optimizer_rate_in_fit():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         BudgetCosineDecay(**kwargs)
+
+
+def run_parser():
+    import argparse
+
+    from keras_attn import training
+
+    parser = argparse.ArgumentParser()
+    training.add_run_arguments(
+        parser, out="runs/x", epochs=7, time_budget=10.0, batch_size=8
+    )
+    return parser
+
+
+def test_time_budget_zero_means_no_budget():
+    from keras_attn.training import parse_run_args
+
+    assert parse_run_args(run_parser(), []).time_budget == 10.0
+    args = parse_run_args(run_parser(), ["--time-budget", "0"])
+    assert args.time_budget is None and args.epochs == 7
+    assert TimeBudget(args.time_budget).budget is None
+
+
+def test_negative_time_budget_is_an_error(capsys):
+    from keras_attn.training import parse_run_args
+
+    with pytest.raises(SystemExit):
+        parse_run_args(run_parser(), ["--time-budget", "-1"])
+    assert "--time-budget must be >= 0" in capsys.readouterr().err
