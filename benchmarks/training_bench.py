@@ -24,7 +24,9 @@ translation recipes; the miniature GPT's TensorFlow version, written with
 their own embedding / block layers, losses, optimizers (the string defaults:
 "adam", "rmsprop") and metrics. Deviations, none of which changes the work of
 a training step: the translation recipe's unused inference sub-models
-(`encoder`, `decoder`) are not built; the causal masks are tiled with
+(`encoder`, `decoder`) are not built; the classification recipe's float32
+`Input` is int32 here (under mixed_bfloat16 Keras casts a float input to
+bfloat16, which rounds token ids above 256); the causal masks are tiled with
 `tf.tile` (see the note at the recipes); the recipes' data preparation (IMDB,
 spa-eng, `TextVectorization`) is replaced by ours, see below. Mixed precision
 is only the global policy, for the recipes as for ours (the recipes keep their
@@ -188,7 +190,10 @@ def recipe_sentiment(vocab_size, maxlen):
     embed_dim = 32  # Embedding size for each token
     num_heads = 2  # Number of attention heads
     ff_dim = 32  # Hidden layer size in feed forward network inside transformer
-    inputs = layers.Input(shape=(maxlen,))
+    # The recipe's `Input(shape=(maxlen,))` is float32: under mixed_bfloat16
+    # Keras casts it to bfloat16, which rounds token ids above 256 (7991 ->
+    # 8000) and corrupts or crashes the embedding lookup. Token ids are int32.
+    inputs = layers.Input(shape=(maxlen,), dtype="int32")
     embedding_layer = TokenAndPositionEmbedding(maxlen, vocab_size, embed_dim)
     x = embedding_layer(inputs)
     transformer_block = TransformerBlock(embed_dim, num_heads, ff_dim)

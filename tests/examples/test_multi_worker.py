@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.examples.test_scripts import NEGATIVE, POSITIVE
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.tf_only
@@ -43,23 +45,6 @@ COMMON = [
     "--embedding-dim", 16, "--num-heads", 2, "--intermediate-dim", 32,
     "--max-length", 8, "--time-budget", 30,
 ]  # fmt: skip
-
-POSITIVE = [
-    "a warm, funny and moving film",
-    "great acting and a clever script",
-    "beautiful, gripping and smart",
-    "the best comedy of the year",
-    "a delight from start to finish",
-    "wonderful performances all round",
-]
-NEGATIVE = [
-    "a dull and lifeless mess",
-    "the plot is thin and the jokes fall flat",
-    "boring, long and pointless",
-    "the worst film of the year",
-    "a tedious waste of time",
-    "awful dialogue and wooden acting",
-]
 
 
 def write_reviews(path):
