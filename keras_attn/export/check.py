@@ -100,24 +100,24 @@ for name, inputs in samples.items():
     tf2[name] = {k: as_json(v.numpy()) for k, v in outputs.items()}
 
 # 2. TF1 loader with the serve tag, tensors fed and fetched by name.
-tf1 = {}
 tf.compat.v1.disable_eager_execution()
 with tf.compat.v1.Session(graph=tf.Graph()) as session:
     meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    for name, inputs in samples.items():
-        signature = meta.signature_def[name]
-        feed = {signature.inputs[k].name: v for k, v in inputs.items()}
-        names = sorted(signature.outputs)
-        values = session.run([signature.outputs[k].name for k in names], feed_dict=feed)
-        tf1[name] = {k: as_json(v) for k, v in zip(names, values)}
+
+    def serve(requests):
+        answers = {}
+        for name, inputs in requests.items():
+            signature = meta.signature_def[name]
+            feed = {signature.inputs[k].name: v for k, v in inputs.items()}
+            names = sorted(signature.outputs)
+            fetches = [signature.outputs[k].name for k in names]
+            values = session.run(fetches, feed_dict=feed)
+            answers[name] = {k: as_json(v) for k, v in zip(names, values)}
+        return answers
+
+    tf1 = serve(samples)
     # Requests given with --example: answered by the serve-tag loader only.
-    answers = {}
-    for name, inputs in examples.items():
-        signature = meta.signature_def[name]
-        feed = {signature.inputs[k].name: v for k, v in inputs.items()}
-        names = sorted(signature.outputs)
-        values = session.run([signature.outputs[k].name for k in names], feed_dict=feed)
-        answers[name] = {k: as_json(v) for k, v in zip(names, values)}
+    answers = serve(examples)
 
 json.dump({
     "tf2": tf2, "tf1": tf1, "examples": answers,
@@ -298,6 +298,15 @@ def _json_number(value):
     return value
 
 
+def _rows(columns: dict):
+    """Named columns as TF Serving's row form: one object per row, or the
+    bare values when there is a single column."""
+    if len(columns) == 1:
+        return next(iter(columns.values()))
+    size = len(next(iter(columns.values())))
+    return [{k: v[i] for k, v in columns.items()} for i in range(size)]
+
+
 def rest_examples(model_name: str, requests: dict, responses: dict) -> list:
     """`(url, body, response)` triples in TF Serving's REST predict format.
 
@@ -306,40 +315,24 @@ def rest_examples(model_name: str, requests: dict, responses: dict) -> list:
     columnar form (`inputs`, answered with `outputs`) for every signature.
     """
     url = f"/v1/models/{model_name}:predict"
+
+    def triple(body, response):
+        return (
+            url,
+            json.dumps(body, ensure_ascii=False),
+            json.dumps(response, ensure_ascii=False),
+        )
+
     triples = []
     for name, inputs in requests.items():
         outputs = {k: _json_number(v) for k, v in responses[name].items()}
         if name == "serving_default":
-            rows = [
-                {k: v[i] for k, v in outputs.items()}
-                if len(outputs) > 1
-                else next(iter(outputs.values()))[i]
-                for i in range(len(next(iter(inputs.values()))))
-            ]
-            body = {"instances": next(iter(inputs.values()))}
-            if len(inputs) > 1:
-                body = {
-                    "instances": [
-                        {k: v[i] for k, v in inputs.items()}
-                        for i in range(len(next(iter(inputs.values()))))
-                    ]
-                }
             triples.append(
-                (
-                    url,
-                    json.dumps(body, ensure_ascii=False),
-                    json.dumps({"predictions": rows}, ensure_ascii=False),
-                )
+                triple({"instances": _rows(inputs)}, {"predictions": _rows(outputs)})
             )
         columns = outputs if len(outputs) > 1 else next(iter(outputs.values()))
         triples.append(
-            (
-                url,
-                json.dumps(
-                    {"signature_name": name, "inputs": inputs}, ensure_ascii=False
-                ),
-                json.dumps({"outputs": columns}, ensure_ascii=False),
-            )
+            triple({"signature_name": name, "inputs": inputs}, {"outputs": columns})
         )
     return triples
 
