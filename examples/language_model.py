@@ -160,12 +160,8 @@ def main(argv=None) -> dict:
         out,
         # Warm-up, then cosine decay to the end of --epochs or of the time
         # budget, whichever comes first.
-        schedule=dict(
-            peak=args.learning_rate,
-            warmup_steps=args.warmup_steps,
-            total_steps=max(1, steps_per_epoch * args.epochs),
-            alpha=0.1,
-        ),
+        steps_per_epoch=steps_per_epoch,
+        decay_alpha=0.1,
     )
     model.save(out / "model.keras")
 

@@ -469,22 +469,37 @@ def fit_within_budget(
     out: Path,
     monitor: str = "val_loss",
     mode: str = "min",
-    schedule: dict | None = None,
+    steps_per_epoch: int | None = None,
+    decay_alpha: float | None = None,
 ):
     """`fit` with the standard callbacks and `--time-budget`, then the best
     checkpoint (by `monitor` on validation) loaded back.
 
-    `schedule`: keyword arguments of a `BudgetCosineDecay` (`peak`,
-    `warmup_steps`, `total_steps`, `alpha`) tied to this run's budget; the
-    model's optimizer must then have a plain learning rate.
+    `decay_alpha`: with `steps_per_epoch`, set the learning rate with a
+    `BudgetCosineDecay` tied to this run's budget: warm-up over
+    `args.warmup_steps`, peak `args.learning_rate`, decay over `args.epochs`
+    epochs (or the budget) to `decay_alpha * peak`. The model's optimizer must
+    then have a plain learning rate.
 
     Returns `(train_seconds, completed_steps, budget)`; `completed_steps`
     counts the optimizer steps of the whole run, resumed parts included.
     """
     budget = TimeBudget(args.time_budget, out / "budget.json")
     callbacks = standard_callbacks(out, budget, monitor, mode=mode)
-    if schedule is not None:
-        callbacks.insert(0, BudgetCosineDecay(budget=budget, **schedule))
+    if decay_alpha is not None:
+        if not steps_per_epoch:
+            raise ValueError(
+                "`decay_alpha` needs `steps_per_epoch`. "
+                f"Received: steps_per_epoch={steps_per_epoch!r}"
+            )
+        schedule = BudgetCosineDecay(
+            peak=args.learning_rate,
+            warmup_steps=args.warmup_steps,
+            total_steps=max(1, steps_per_epoch * args.epochs),
+            budget=budget,
+            alpha=decay_alpha,
+        )
+        callbacks.insert(0, schedule)
     started = time.monotonic()
     model.fit(
         train_data,
