@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.examples.test_scripts import NEGATIVE, POSITIVE, REPO, run_script
+from tests.examples.test_scripts import REPO, run_script, write_reviews
 
 pytestmark = pytest.mark.tf_only
 
@@ -51,13 +51,7 @@ class TrainingProbe(keras.callbacks.Callback):
 @pytest.fixture
 def reviews_file(tmp_path):
     """640 reviews: `--smoke` keeps 26 train / 7 validation / 6 test."""
-    lines = []
-    for index in range(320):
-        for label, texts in ((1, POSITIVE), (0, NEGATIVE)):
-            lines.append(f"{label}\t{texts[index % 6]}, take {index}")
-    path = tmp_path / "reviews.tsv"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_reviews(tmp_path / "reviews.tsv", 320)
 
 
 def assert_float32_variables_finite(model):

@@ -47,15 +47,19 @@ def run_script(name, *args, timeout=600):
     return result.stdout
 
 
-@pytest.fixture
-def sentiment_file(tmp_path):
+def write_reviews(path, takes):
+    """`label<TAB>text` lines: each sentence above, numbered `takes` times."""
     lines = []
-    for index in range(12):
+    for index in range(takes):
         for label, texts in ((1, POSITIVE), (0, NEGATIVE)):
             lines.append(f"{label}\t{texts[index % 6]}, take {index}")
-    path = tmp_path / "reviews.tsv"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture
+def sentiment_file(tmp_path):
+    return write_reviews(tmp_path / "reviews.tsv", 12)
 
 
 @pytest.mark.parametrize(
