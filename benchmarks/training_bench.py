@@ -96,15 +96,10 @@ import tensorflow as tf
 from _timing import alternate
 from keras import layers, ops
 
-from keras_attn import training
 from keras_attn.datasets import (
     load_movie_reviews,
     load_shakespeare,
     load_translation_pairs,
-)
-from keras_attn.models import (
-    sentiment_classifier,
-    transformer_language_model,
 )
 from keras_attn.text import (
     PAD_ID,
@@ -442,67 +437,19 @@ def example_defaults(name, smoke):
     return module, args
 
 
-def ours_sentiment(args, vocab_size, length):
-    """`examples/sentiment.py`: one ensemble member, compiled as there."""
-    model = sentiment_classifier(
-        vocab_size,
-        length,
-        embedding_dim=args.embedding_dim,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        intermediate_dim=args.intermediate_dim,
-        dropout=args.dropout,
-        pooling=args.pooling,
-    )
-    model.compile(
-        optimizer=keras.optimizers.AdamW(
-            args.learning_rate, weight_decay=args.weight_decay
-        ),
-        loss=keras.losses.BinaryCrossentropy(label_smoothing=args.label_smoothing),
-        metrics=["accuracy"],
-    )
-    return model
-
-
-def ours_translation(module, args, vocab_size, length):
-    """`examples/translate.py`'s `build_model`, compiled as there."""
-    args = copy.copy(args)
-    args.max_length = length
-    model = module.build_model(args, vocab_size)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(
-            args.learning_rate,  # set per batch by BudgetCosineDecay there
-            weight_decay=args.weight_decay,
-            clipnorm=1.0,
-        ),
-        loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-    )
-    return model
-
-
-def ours_language_model(args, vocab_size, length):
-    """`examples/language_model.py`'s model, compiled as there."""
-    model = transformer_language_model(
-        vocab_size,
-        length,
-        embedding_dim=args.embedding_dim,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        intermediate_dim=args.intermediate_dim,
-        dropout=args.dropout,
-    )
-    model.compile(
-        optimizer=keras.optimizers.AdamW(
-            args.learning_rate,  # set per batch by BudgetCosineDecay there
-            weight_decay=args.weight_decay,
-            clipnorm=1.0,
-        ),
-        loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, ignore_class=0
-        ),
-    )
-    return model
+def ours(task, vocab_size, length):
+    """Our model as the example script builds and compiles it, at `length`."""
+    args = copy.copy(task.args)
+    if task.name == "sentiment":
+        args.max_length = length
+        return task.example.build_member(args, vocab_size)  # one member
+    if task.name == "translation":
+        args.max_length = length
+        return task.example.compile_model(
+            task.example.build_model(args, vocab_size), args
+        )
+    args.sequence_length = length
+    return task.example.build_model(args, vocab_size)
 
 
 # -- data --------------------------------------------------------------------
@@ -657,11 +604,7 @@ def build(task, who, vocab_size, length):
             "translation": recipe_translation,
             "language_model": recipe_language_model,
         }[task.name](vocab_size, length)
-    if task.name == "sentiment":
-        return ours_sentiment(task.args, vocab_size, length)
-    if task.name == "translation":
-        return ours_translation(task.example, task.args, vocab_size, length)
-    return ours_language_model(task.args, vocab_size, length)
+    return ours(task, vocab_size, length)
 
 
 def make_step(model, who, task, batch):

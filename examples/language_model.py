@@ -104,6 +104,29 @@ def token_nll(model, dataset):
     return total, count
 
 
+def build_model(args, vocabulary_size):
+    """The language model, compiled for training (the learning rate is set
+    per batch by `BudgetCosineDecay`)."""
+    model = transformer_language_model(
+        vocabulary_size,
+        args.sequence_length,
+        embedding_dim=args.embedding_dim,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        intermediate_dim=args.intermediate_dim,
+        dropout=args.dropout,
+    )
+    model.compile(
+        optimizer=keras.optimizers.AdamW(
+            args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=0
+        ),
+    )
+    return model
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out, policy, strategy = training.start_run(args)
@@ -135,23 +158,7 @@ def main(argv=None) -> dict:
     steps_per_epoch = sum(1 for _ in train_data)
 
     with strategy.scope():
-        model = transformer_language_model(
-            tokenizer.vocabulary_size,
-            args.sequence_length,
-            embedding_dim=args.embedding_dim,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            intermediate_dim=args.intermediate_dim,
-            dropout=args.dropout,
-        )
-        model.compile(
-            optimizer=keras.optimizers.AdamW(
-                args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
-            ),
-            loss=keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True, ignore_class=0
-            ),
-        )
+        model = build_model(args, tokenizer.vocabulary_size)
     train_seconds, completed_steps, budget = training.fit_within_budget(
         model,
         train_data,

@@ -148,26 +148,7 @@ def main(argv=None) -> dict:
         member_dir = out / "members" / str(index)
         keras.utils.set_random_seed(args.seed + index)
         with strategy.scope():
-            member = sentiment_classifier(
-                tokenizer.vocabulary_size,
-                args.max_length,
-                embedding_dim=args.embedding_dim,
-                num_layers=args.num_layers,
-                num_heads=args.num_heads,
-                intermediate_dim=args.intermediate_dim,
-                dropout=args.dropout,
-                pooling=args.pooling,
-                name=f"member_{index}",
-            )
-            member.compile(
-                optimizer=keras.optimizers.AdamW(
-                    args.learning_rate, weight_decay=args.weight_decay
-                ),
-                loss=keras.losses.BinaryCrossentropy(
-                    label_smoothing=args.label_smoothing
-                ),
-                metrics=["accuracy"],
-            )
+            member = build_member(args, tokenizer.vocabulary_size, f"member_{index}")
         # Each member gets an equal share of the budget; a resumed run counts
         # the time it had already spent.
         budget = training.TimeBudget(
@@ -262,6 +243,29 @@ def main(argv=None) -> dict:
         )
     )
     return metrics
+
+
+def build_member(args, vocabulary_size, name=None):
+    """One classifier of the ensemble, compiled for training."""
+    member = sentiment_classifier(
+        vocabulary_size,
+        args.max_length,
+        embedding_dim=args.embedding_dim,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        intermediate_dim=args.intermediate_dim,
+        dropout=args.dropout,
+        pooling=args.pooling,
+        **({"name": name} if name else {}),
+    )
+    member.compile(
+        optimizer=keras.optimizers.AdamW(
+            args.learning_rate, weight_decay=args.weight_decay
+        ),
+        loss=keras.losses.BinaryCrossentropy(label_smoothing=args.label_smoothing),
+        metrics=["accuracy"],
+    )
+    return member
 
 
 def average_ensemble(members):

@@ -148,6 +148,19 @@ def build_model(args, vocabulary_size):
     )
 
 
+def compile_model(model, args):
+    """The training configuration (the learning rate is set per batch by
+    `BudgetCosineDecay`)."""
+    model.compile(
+        optimizer=keras.optimizers.AdamW(
+            args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
+        ),
+        loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    return model
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out, policy, strategy = training.start_run(args)
@@ -177,14 +190,7 @@ def main(argv=None) -> dict:
     validation_data = dataset(splits.validation, False)
     steps_per_epoch = sum(1 for _ in train_data)
     with strategy.scope():
-        model = build_model(args, tokenizer.vocabulary_size)
-        model.compile(
-            optimizer=keras.optimizers.AdamW(
-                args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
-            ),
-            loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
-            weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        )
+        model = compile_model(build_model(args, tokenizer.vocabulary_size), args)
     train_seconds, completed_steps, budget = training.fit_within_budget(
         model,
         train_data,
