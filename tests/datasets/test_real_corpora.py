@@ -13,6 +13,7 @@ import pytest
 from keras_attn.datasets import (
     assign_split,
     load_movie_reviews,
+    load_rated_snippets,
     load_shakespeare,
     load_translation_pairs,
     split_key,
@@ -55,6 +56,27 @@ def test_movie_reviews():
         "Van Damme or Steven Segal.",
         1,
     )
+
+
+@pytest.mark.parametrize(
+    "domain, counts, rows",
+    [
+        ("amazon", (2882, 366, 352), 3708),
+        ("nyt", (3937, 451, 496), 5190),
+        ("tweets", (3338, 400, 398), 4200),
+    ],
+)
+def test_rated_snippets_of_other_domains(domain, counts, rows):
+    splits = load_rated_snippets(domain, verbose=False)
+    assert tuple(splits.counts().values()) == counts
+    assert splits.stats["rows"] == rows
+    assert_split_rule(splits, lambda example: example[0])
+    movie = {
+        text
+        for split in ("train", "validation", "test")
+        for text, _ in load_movie_reviews()[split]
+    }
+    assert movie.isdisjoint(text for text, _ in splits.train)
 
 
 def test_translation_pairs_as_in_data_md():

@@ -97,6 +97,8 @@ def test_translate_smoke(tmp_path):
     )
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     assert {"test_bleu", "test_chrf", "decode_ms_per_sentence"} <= set(metrics)
+    assert {"validation_bleu", "validation_chrf"} <= set(metrics)
+    assert metrics["validation_sentences"] > 0
     rows = (out / "translations.tsv").read_text().splitlines()
     assert len(rows) == metrics["test_sentences"] and rows[0].count("\t") == 2
     assert (out / "export" / "translator" / "1" / "saved_model.pb").is_file()

@@ -112,3 +112,51 @@ def test_negative_time_budget_is_an_error(capsys):
     with pytest.raises(SystemExit):
         parse_run_args(run_parser(), ["--time-budget", "-1"])
     assert "--time-budget must be >= 0" in capsys.readouterr().err
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_time_budget_counts_from_start_and_keeps_validation_inside(monkeypatch):
+    import types
+
+    from keras_attn import training
+
+    clock = Clock()
+    monkeypatch.setattr(training.time, "monotonic", clock)
+    budget = TimeBudget(minutes=10 / 60)  # 10 seconds
+    model = types.SimpleNamespace(stop_training=False)
+    budget.set_model(model)
+    budget.start()  # before fit: its set-up counts
+    clock.now += 1.0
+    budget.on_train_begin()  # does not restart the clock
+    assert budget.seconds == 1.0
+    clock.now += 1.0
+    budget.on_test_begin()
+    clock.now += 3.0  # a 3-second validation pass
+    budget.on_test_end()
+    assert budget.validation_seconds == 3.0
+    clock.now += 1.0  # 6 s spent + 3 s of validation to come < 10 s
+    budget.on_train_batch_end(0)
+    assert not model.stop_training
+    clock.now += 1.0  # 7 s + 3 s: the next validation would end past the budget
+    budget.on_train_batch_end(1)
+    assert model.stop_training and budget.stopped_early
+
+
+def test_time_budget_without_start_counts_from_train_begin(monkeypatch):
+    from keras_attn import training
+
+    clock = Clock()
+    monkeypatch.setattr(training.time, "monotonic", clock)
+    budget = TimeBudget(minutes=1)
+    assert budget.seconds == 0.0
+    clock.now += 5.0
+    budget.on_train_begin()
+    clock.now += 2.0
+    assert budget.seconds == 2.0

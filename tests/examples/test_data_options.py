@@ -1,0 +1,95 @@
+"""The example scripts' extra-data options, offline on fixtures."""
+
+import importlib.util
+import shutil
+
+import pytest
+
+from keras_attn.datasets import (
+    assign_split,
+    load_translation_pairs,
+    movie_reviews,
+    translation_pairs,
+)
+from tests.examples.test_scripts import FIXTURES, REPO
+
+pytestmark = pytest.mark.tf_only
+
+OTHER_FILES = ("amazonReviewSnippets", "nytEditorialSnippets", "tweets")
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(
+        f"{name}_example", REPO / "examples" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def ding_fixture(monkeypatch, tmp_path):
+    def fake_fetch(work_dir, output_dir):
+        shutil.copy(FIXTURES / "ding_sample.txt", output_dir / "de-en")
+
+    monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(translation_pairs, "_fetch", fake_fetch)
+
+
+def test_phrases_join_the_training_split_only(ding_fixture):
+    script = load_script("translate")
+    sentences = load_translation_pairs("de-en", alternatives="keep", verbose=False)
+    splits = script.with_training_phrases(sentences, "keep")
+
+    assert splits.validation == sentences.validation
+    assert splits.test == sentences.test
+    assert splits.train[: len(sentences.train)] == sentences.train
+    added = splits.train[len(sentences.train) :]
+    everything = load_translation_pairs(
+        "de-en", alternatives="keep", include_phrases=True, verbose=False
+    )
+    # The fixture's training bucket holds "to go by train", "to give sb. sth."
+    assert set(added) == set(everything.train) - set(sentences.train)
+    assert ("to go by train", "mit dem Zug fahren") in added
+    assert {assign_split(english) for english, _ in added} == {"train"}
+    held_out = {english for english, _ in sentences.validation + sentences.test}
+    assert held_out.isdisjoint(english for english, _ in splits.train)
+
+
+def test_phrases_need_the_default_data(capsys):
+    script = load_script("translate")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--phrases", "--data", "pairs.tsv"])
+    assert "--phrases" in capsys.readouterr().err
+
+
+def test_extra_domains_join_the_training_split_only(monkeypatch, tmp_path):
+    def fake_fetch(work_dir, output_dir):  # one small file for every domain
+        for name in ("movieReviewSnippets", *OTHER_FILES):
+            shutil.copy(
+                FIXTURES / "movie_ground_truth.txt",
+                output_dir / f"{name}_GroundTruth.txt",
+            )
+
+    monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(movie_reviews, "_fetch", fake_fetch)
+    monkeypatch.setattr(movie_reviews, "_fetch_other_domains", fake_fetch)
+    script = load_script("sentiment")
+    movies = script.load_data(script.parse_args([]))
+    both = script.load_data(script.parse_args(["--extra-domains", "amazon,tweets"]))
+    assert (both.validation, both.test) == (movies.validation, movies.test)
+    assert both.train == movies.train * 3  # the fixture stands in for each domain
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--extra-domains", "amazon,imdb"], "Received: ['imdb']"),
+        (["--extra-domains", "nyt", "--data", "reviews.tsv"], "--data reviews.tsv"),
+    ],
+)
+def test_extra_domains_bad_values(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load_script("sentiment").parse_args(argv)
+    error = capsys.readouterr().err
+    assert "--extra-domains" in error and message in error
