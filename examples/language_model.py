@@ -61,6 +61,13 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument(
+        "--lr-hold",
+        type=float,
+        default=0.0,
+        help="share of the run (steps or time budget) at the peak learning "
+        "rate before the cosine decay; 0: decay right after the warm-up",
+    )
     training.add_run_arguments(
         parser, out="runs/language_model", epochs=30, time_budget=15.0, batch_size=32
     )

@@ -92,6 +92,13 @@ def parse_args(argv=None):
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--warmup-steps", type=int, default=400)
+    parser.add_argument(
+        "--lr-hold",
+        type=float,
+        default=0.0,
+        help="share of the run (steps or time budget) at the peak learning "
+        "rate before the cosine decay; 0: decay right after the warm-up",
+    )
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--label-smoothing", type=float, default=0.1)
     parser.add_argument("--beam-width", type=int, default=4)

@@ -257,6 +257,11 @@ class BudgetCosineDecay(keras.callbacks.Callback):
         total_steps: steps of the whole run (`epochs * steps_per_epoch`).
         budget: the run's `TimeBudget` (`None` or no budget: steps only).
         alpha: the final rate as a share of `peak`.
+        hold: share of the run's progress spent at `peak` before the cosine
+            starts (warm-up, stable, decay); `0`: the cosine starts after
+            the warm-up. A run far from convergence, as most time-budgeted
+            runs on a CPU are, learns more at the peak and needs only the
+            last part of the run to decay.
     """
 
     def __init__(
@@ -266,6 +271,7 @@ class BudgetCosineDecay(keras.callbacks.Callback):
         total_steps: int,
         budget: TimeBudget | None = None,
         alpha: float = 0.1,
+        hold: float = 0.0,
     ):
         super().__init__()
         if not peak > 0:
@@ -277,6 +283,9 @@ class BudgetCosineDecay(keras.callbacks.Callback):
             )
         if not 0 <= alpha <= 1:
             raise ValueError(f"`alpha` must be in [0, 1]. Received: alpha={alpha}")
+        if not 0 <= hold < 1:
+            raise ValueError(f"`hold` must be in [0, 1). Received: hold={hold}")
+        self.hold = float(hold)
         self.peak = float(peak)
         self.warmup_steps = int(warmup_steps)
         self.total_steps = int(total_steps)
@@ -293,7 +302,8 @@ class BudgetCosineDecay(keras.callbacks.Callback):
     def rate(self, step: int) -> float:
         if step < self.warmup_steps:
             return self.peak * (step + 1) / (self.warmup_steps + 1)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * self.progress(step)))
+        decayed = max(0.0, self.progress(step) - self.hold) / (1.0 - self.hold)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * decayed))
         return self.peak * (self.alpha + (1.0 - self.alpha) * cosine)
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -421,6 +431,11 @@ def parse_run_args(parser, argv=None):
         )
     if args.time_budget == 0:
         args.time_budget = None
+    if not 0 <= getattr(args, "lr_hold", 0.0) < 1:
+        parser.error(
+            "--lr-hold must be in [0, 1) (a share of the run). "
+            f"Received: {args.lr_hold}"
+        )
     if args.epochs is None:
         args.epochs = 1 if args.smoke else args.default_epochs
     del args.default_epochs
@@ -499,9 +514,10 @@ def fit_within_budget(
 
     `decay_alpha`: with `steps_per_epoch`, set the learning rate with a
     `BudgetCosineDecay` tied to this run's budget: warm-up over
-    `args.warmup_steps`, peak `args.learning_rate`, decay over `args.epochs`
-    epochs (or the budget) to `decay_alpha * peak`. The model's optimizer must
-    then have a plain learning rate.
+    `args.warmup_steps`, peak `args.learning_rate` (held for the share
+    `args.lr_hold` of the run, if the script has that argument), decay
+    over `args.epochs` epochs (or the budget) to `decay_alpha * peak`. The
+    model's optimizer must then have a plain learning rate.
 
     Returns `(train_seconds, completed_steps, budget)`; `completed_steps`
     counts the optimizer steps of the whole run, resumed parts included.
@@ -520,6 +536,7 @@ def fit_within_budget(
             total_steps=max(1, steps_per_epoch * args.epochs),
             budget=budget,
             alpha=decay_alpha,
+            hold=getattr(args, "lr_hold", 0.0),
         )
         callbacks.insert(0, schedule)
     started = time.monotonic()

@@ -160,3 +160,27 @@ def test_time_budget_without_start_counts_from_train_begin(monkeypatch):
     budget.on_train_begin()
     clock.now += 2.0
     assert budget.seconds == 2.0
+
+
+def test_hold_keeps_the_peak_then_decays_over_the_rest():
+    schedule = BudgetCosineDecay(1e-3, 10, total_steps=110, alpha=0.1, hold=0.5)
+    assert schedule.rate(10) == 1e-3 and schedule.rate(55) == 1e-3  # held
+    # Three quarters through: half-way through the decay.
+    assert math.isclose(schedule.rate(82.5), 1e-3 * (0.1 + 0.9 * 0.5))
+    assert math.isclose(schedule.rate(110), 1e-4)
+    budget = FakeBudget(minutes=10, seconds=450.0)  # the budget decides first
+    timed = BudgetCosineDecay(1e-3, 0, 10_000, budget=budget, alpha=0, hold=0.5)
+    assert math.isclose(timed.rate(20), 1e-3 * 0.5)
+    with pytest.raises(ValueError, match=r"`hold` must be in \[0, 1\)"):
+        BudgetCosineDecay(1e-3, 0, 100, hold=1.0)
+
+
+def test_lr_hold_out_of_range_is_an_error(capsys):
+    from keras_attn.training import parse_run_args
+
+    parser = run_parser()
+    parser.add_argument("--lr-hold", type=float, default=0.0)
+    assert parse_run_args(parser, ["--lr-hold", "0.8"]).lr_hold == 0.8
+    with pytest.raises(SystemExit):
+        parse_run_args(parser, ["--lr-hold", "1.5"])
+    assert "--lr-hold must be in [0, 1)" in capsys.readouterr().err
