@@ -33,6 +33,7 @@ process on the global batch (tests/examples/test_multi_worker.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -133,12 +134,7 @@ def load_data(args):
             f"Training on {len(extra):,} sentences of "
             f"{', '.join(args.extra_domains)} as well."
         )
-        splits = type(splits)(
-            train=splits.train + extra,
-            validation=splits.validation,
-            test=splits.test,
-            stats=splits.stats,
-        )
+        splits = dataclasses.replace(splits, train=splits.train + extra)
     if args.smoke:
         splits = type(splits)(
             # Strided, so that both labels occur (the file is ordered).

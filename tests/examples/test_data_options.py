@@ -1,7 +1,6 @@
 """The example scripts' extra-data options, offline on fixtures."""
 
 import importlib.util
-import shutil
 
 import pytest
 
@@ -11,11 +10,14 @@ from keras_attn.datasets import (
     movie_reviews,
     translation_pairs,
 )
-from tests.examples.test_scripts import FIXTURES, REPO
+from tests.datasets.test_loaders import (
+    fake_ding_fetch,
+    fake_movie_fetch,
+    fake_other_domains_fetch,
+)
+from tests.examples.test_scripts import REPO
 
 pytestmark = pytest.mark.tf_only
-
-OTHER_FILES = ("amazonReviewSnippets", "nytEditorialSnippets", "tweets")
 
 
 def load_script(name):
@@ -29,11 +31,8 @@ def load_script(name):
 
 @pytest.fixture
 def ding_fixture(monkeypatch, tmp_path):
-    def fake_fetch(work_dir, output_dir):
-        shutil.copy(FIXTURES / "ding_sample.txt", output_dir / "de-en")
-
     monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(translation_pairs, "_fetch", fake_fetch)
+    monkeypatch.setattr(translation_pairs, "_fetch", fake_ding_fetch)
 
 
 def test_phrases_join_the_training_split_only(ding_fixture):
@@ -64,16 +63,10 @@ def test_phrases_need_the_default_data(capsys):
 
 
 def test_extra_domains_join_the_training_split_only(monkeypatch, tmp_path):
-    def fake_fetch(work_dir, output_dir):  # one small file for every domain
-        for name in ("movieReviewSnippets", *OTHER_FILES):
-            shutil.copy(
-                FIXTURES / "movie_ground_truth.txt",
-                output_dir / f"{name}_GroundTruth.txt",
-            )
-
     monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(movie_reviews, "_fetch", fake_fetch)
-    monkeypatch.setattr(movie_reviews, "_fetch_other_domains", fake_fetch)
+    monkeypatch.setattr(movie_reviews, "_fetch", fake_movie_fetch)
+    # The movie fixture stands in for every other domain.
+    monkeypatch.setattr(movie_reviews, "_fetch_other_domains", fake_other_domains_fetch)
     script = load_script("sentiment")
     movies = script.load_data(script.parse_args([]))
     both = script.load_data(script.parse_args(["--extra-domains", "amazon,tweets"]))
