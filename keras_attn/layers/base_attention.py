@@ -112,6 +112,31 @@ class BaseAttention(keras.layers.Layer):
         return_attention_scores: bool = False,
         training=None,
     ):
+        return self._attend(
+            self.score,
+            query,
+            value,
+            key,
+            query_mask,
+            value_mask,
+            key_mask,
+            return_attention_scores,
+            training,
+        )
+
+    def _attend(
+        self,
+        score_fn,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        return_attention_scores,
+        training,
+    ):
+        """The attention of `call`, with the scores from `score_fn(query, key)`."""
         key = value if key is None else key
         self._check_call_inputs(query, value, key, query_mask, value_mask, key_mask)
         single_state = len(query.shape) == 2
@@ -119,7 +144,7 @@ class BaseAttention(keras.layers.Layer):
             query = ops.expand_dims(query, 1)  # (B, 1, dq)
             if query_mask is not None:
                 query_mask = ops.expand_dims(query_mask, 1)  # (B, 1)
-        scores = self.score(query, key)  # (B, Tq, Tk)
+        scores = score_fn(query, key)  # (B, Tq, Tk)
         mask = attention_mask_from_padding(
             query_mask, combine_masks(value_mask, key_mask)
         )  # (B, Tq|1, Tk|1) or None

@@ -59,13 +59,27 @@ class BahdanauDecoder(keras.layers.Layer):
         self.attention.build((None, self.units), encoder_outputs_shape)
         self.built = True
 
-    def step(self, inputs, state, encoder_outputs, encoder_mask=None):
-        """One decoding step: `(B, E), (B, units) -> (B, units), (B, dv), (B, Ts)`."""
+    def project_memory(self, encoder_outputs):
+        """`W_k h_j` of the attention, `(B, Ts, dv) -> (B, Ts, attention_units)`.
+
+        Computed once per source; pass it to every `step`.
+        """
+        return self.attention.project_key(ops.cast(encoder_outputs, self.compute_dtype))
+
+    def step(
+        self, inputs, state, encoder_outputs, encoder_mask=None, projected_memory=None
+    ):
+        """One decoding step: `(B, E), (B, units) -> (B, units), (B, dv), (B, Ts)`.
+
+        `projected_memory` is `project_memory(encoder_outputs)`; without it the
+        step projects the encoder states itself.
+        """
         context, weights = self.attention(
             state,
             encoder_outputs,
             value_mask=encoder_mask,
             return_attention_scores=True,
+            projected_key=projected_memory,
         )  # (B, dv), (B, Ts)
         cell_inputs = ops.concatenate(
             [inputs, ops.cast(context, inputs.dtype)], axis=-1
@@ -85,13 +99,15 @@ class BahdanauDecoder(keras.layers.Layer):
         return_attention_scores: bool = False,
     ):
         steps = ops.transpose(inputs, (1, 0, 2))  # (Tt, B, E)
+        # W_k h_j once per source, not at every step of the loop.
+        projected_memory = self.project_memory(encoder_outputs)  # (B, Ts, units)
 
         # keras.ops.scan on TensorFlow needs the per-step outputs to have the
         # carry's structure, so the carry holds this step's outputs too.
         def scan_step(carry, inputs_t):
             state = carry[0]
             new_state, context, weights = self.step(
-                inputs_t, state, encoder_outputs, encoder_outputs_mask
+                inputs_t, state, encoder_outputs, encoder_outputs_mask, projected_memory
             )
             output = ops.concatenate(
                 [new_state, ops.cast(context, new_state.dtype)], -1
@@ -248,7 +264,8 @@ def rnn_translator_decoding(model: keras.Model):
 
     - `encode(encoder_inputs) -> cache`: runs the encoder once per source; the
       cache is a dict of tensors with batch on axis 0 (`state`, `memory`,
-      `memory_mask`), so beam search can repeat and reorder it.
+      `memory_mask`, and for Bahdanau attention `projected_memory`, the
+      attention's `W_k h_j`), so beam search can repeat and reorder it.
     - `next_fn(token_ids, cache, index) -> (logits, cache)`: one decoder step
       for `token_ids` `(batch, 1)`, float32 logits `(batch, vocab)`: the
       `keras_attn.generation` contract. `index` is unused (the recurrent state
@@ -262,7 +279,10 @@ def rnn_translator_decoding(model: keras.Model):
         embedded = layers["source_embedding"](encoder_inputs)
         memory, forward_state, backward_state = layers["encoder"](embedded, mask=mask)
         state = ops.concatenate([forward_state, backward_state], axis=-1)
-        return {"state": state, "memory": memory, "memory_mask": mask}
+        cache = {"state": state, "memory": memory, "memory_mask": mask}
+        if layers["kind"] == "bahdanau":
+            cache["projected_memory"] = layers["decoder"].project_memory(memory)
+        return cache
 
     def next_fn(token_ids, cache, index=None):
         del index
@@ -326,7 +346,7 @@ def _decoder_step(layers, token_ids, cache):
     state, memory, mask = cache["state"], cache["memory"], cache["memory_mask"]
     if layers["kind"] == "bahdanau":
         new_state, context, weights = layers["decoder"].step(
-            embedded, state, memory, mask
+            embedded, state, memory, mask, cache.get("projected_memory")
         )
         features = [new_state, ops.cast(context, new_state.dtype)]  # [s_i; c_i]
     else:

@@ -161,6 +161,37 @@ class BahdanauAttentionTest(TestCase):
             )
         )
 
+    def test_precomputed_key_projection(self):
+        layer = BahdanauAttention(units=7)
+        expected = layer(
+            STATE, VALUE, value_mask=VALUE_MASK, return_attention_scores=True
+        )
+        projected = layer.project_key(VALUE)  # (B, Tv, units), once per source
+        self.assertEqual(tuple(projected.shape), (2, 5, 7))
+        got = layer(
+            STATE,
+            VALUE,
+            value_mask=VALUE_MASK,
+            return_attention_scores=True,
+            projected_key=projected,
+        )
+        for want, have in zip(expected, got, strict=True):
+            np.testing.assert_allclose(to_numpy(have), to_numpy(want), atol=1e-6)
+        # The scores come from the projection passed in, not from the key.
+        other = layer(
+            STATE, VALUE, return_attention_scores=True, projected_key=projected * 0.0
+        )[1]
+        np.testing.assert_allclose(to_numpy(other), np.full((2, 5), 0.2), atol=1e-6)
+        # Symbolic: the output spec ignores the projection.
+        symbolic = layer(
+            keras.Input((6,)), keras.Input((None, 4)), projected_key=projected
+        )
+        self.assertEqual(tuple(symbolic.shape), (None, 4))
+        with self.assertRaisesRegex(
+            ValueError, r"projected_key.*Received: projected_key.shape=\(2, 5, 4\)"
+        ):
+            layer(STATE, VALUE, projected_key=VALUE)
+
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"Received: units=0"):
             BahdanauAttention(units=0)

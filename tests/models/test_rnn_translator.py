@@ -41,6 +41,29 @@ def test_step_by_step_decoding_equals_the_teacher_forced_pass(attention):
     np.testing.assert_array_equal(weights[0, :, 4:], 0.0)  # padded source
 
 
+def test_bahdanau_decoder_projects_the_encoder_states_once_per_source():
+    model = build("bahdanau")
+    attention = model.get_layer("decoder").attention
+    inputs = {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
+    full = to_numpy(model(inputs))
+    encode, next_fn = rnn_translator_decoding(model)
+    cache = encode(SOURCE)
+    assert tuple(cache["projected_memory"].shape) == (2, 6, 12)
+
+    def score_from_unprojected_keys(query, key):
+        raise AssertionError("projected W_k h_j inside the decoder loop")
+
+    # Neither the teacher-forced loop nor a decoding step projects the keys:
+    # both score against the projection made once per source.
+    attention.score = score_from_unprojected_keys
+    np.testing.assert_allclose(to_numpy(model(inputs)), full, atol=1e-6)
+    logits, _ = next_fn(TARGET[:, :1], cache, 0)
+    np.testing.assert_allclose(to_numpy(logits), full[:, 0], atol=1e-5)
+    # The step reads the cached projection.
+    zeroed = dict(cache, projected_memory=cache["projected_memory"] * 0.0)
+    assert not np.allclose(to_numpy(next_fn(TARGET[:, :1], zeroed, 0)[0]), full[:, 0])
+
+
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
 def test_padding_of_the_source_does_not_change_the_logits(attention):
     model = build(attention)
