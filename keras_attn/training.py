@@ -187,9 +187,12 @@ class TimeBudget(keras.callbacks.Callback):
     resumed run) counts against the budget. The clock starts at `start()`
     (call it just before `fit`: `fit`'s set-up, the first shuffle buffer and
     the first trace count) or else at `on_train_begin`. Stopping keeps the
-    validation pass that ends the epoch inside the budget: training stops
-    once the time spent plus the duration of the last validation pass
-    reaches the budget.
+    close of the epoch inside the budget: training stops once the time spent
+    plus the longest close seen so far reaches the budget. An epoch's close
+    runs from its last training batch to the next epoch's start (the
+    validation pass, checkpoints, logs); the longest validation pass stands
+    in for it until a whole close has been timed. The longest, not the last:
+    the machine's speed varies between epochs.
     """
 
     def __init__(
@@ -203,8 +206,10 @@ class TimeBudget(keras.callbacks.Callback):
             self.spent_before = json.loads(self.state_path.read_text())["seconds"]
         self.started = None
         self.stopped_early = False
-        self.validation_seconds = 0.0  # the last validation pass
+        self.validation_seconds = 0.0  # the longest validation pass
+        self.closing_seconds = 0.0  # the longest close of an epoch
         self._validation_started = None
+        self._last_batch_end = None
 
     @property
     def seconds(self) -> float:
@@ -225,13 +230,22 @@ class TimeBudget(keras.callbacks.Callback):
 
     def on_test_end(self, logs=None):
         if self._validation_started is not None:
-            self.validation_seconds = time.monotonic() - self._validation_started
+            self.validation_seconds = max(
+                self.validation_seconds, time.monotonic() - self._validation_started
+            )
+            self._validation_started = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._last_batch_end is not None:
+            self.closing_seconds = max(
+                self.closing_seconds, time.monotonic() - self._last_batch_end
+            )
+            self._last_batch_end = None
 
     def on_train_batch_end(self, batch, logs=None):
-        if (
-            self.budget is not None
-            and self.seconds + self.validation_seconds >= self.budget
-        ):
+        self._last_batch_end = time.monotonic()
+        reserve = max(self.validation_seconds, self.closing_seconds)
+        if self.budget is not None and self.seconds + reserve >= self.budget:
             self.model.stop_training = True
             self.stopped_early = True
 

@@ -149,6 +149,40 @@ def test_time_budget_counts_from_start_and_keeps_validation_inside(monkeypatch):
     assert model.stop_training and budget.stopped_early
 
 
+def test_time_budget_keeps_the_longest_epoch_close_inside(monkeypatch):
+    import types
+
+    from keras_attn import training
+
+    clock = Clock()
+    monkeypatch.setattr(training.time, "monotonic", clock)
+    budget = TimeBudget(minutes=20 / 60)  # 20 seconds
+    model = types.SimpleNamespace(stop_training=False)
+    budget.set_model(model)
+    budget.start()
+    budget.on_epoch_begin(0)
+    clock.now += 1.0
+    budget.on_train_batch_end(0)  # the epoch's last batch, 1 s spent
+    budget.on_test_begin()
+    clock.now += 3.0  # a 3-second validation pass
+    budget.on_test_end()
+    clock.now += 2.0  # then 2 s of checkpoints and logs
+    budget.on_epoch_begin(1)
+    assert budget.validation_seconds == 3.0 and budget.closing_seconds == 5.0
+    clock.now += 8.0
+    budget.on_train_batch_end(0)  # 14 s + a 5-second close < 20 s
+    assert not model.stop_training
+    budget.on_test_begin()
+    clock.now += 1.0  # a faster validation pass does not shrink the reserve
+    budget.on_test_end()
+    assert budget.validation_seconds == 3.0
+    budget.on_epoch_begin(2)
+    assert budget.closing_seconds == 5.0
+    clock.now += 0.5
+    budget.on_train_batch_end(0)  # 15.5 s + 5 s: the close would end past 20 s
+    assert model.stop_training and budget.stopped_early
+
+
 def test_time_budget_without_start_counts_from_train_begin(monkeypatch):
     from keras_attn import training
 
