@@ -96,7 +96,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--lr-hold",
         type=float,
-        default=0.0,
+        default=0.8,
         help="share of the run (steps or time budget) at the peak learning "
         "rate before the cosine decay; 0: decay right after the warm-up",
     )
