@@ -122,16 +122,22 @@ class Clock:
         return self.now
 
 
-def test_time_budget_counts_from_start_and_keeps_validation_inside(monkeypatch):
+def budget_on_a_fake_clock(monkeypatch, seconds):
+    """A `TimeBudget` of `seconds` on a clock the test moves, and its model."""
     import types
 
     from keras_attn import training
 
     clock = Clock()
     monkeypatch.setattr(training.time, "monotonic", clock)
-    budget = TimeBudget(minutes=10 / 60)  # 10 seconds
+    budget = TimeBudget(minutes=seconds / 60)
     model = types.SimpleNamespace(stop_training=False)
     budget.set_model(model)
+    return budget, clock, model
+
+
+def test_time_budget_counts_from_start_and_keeps_validation_inside(monkeypatch):
+    budget, clock, model = budget_on_a_fake_clock(monkeypatch, 10)
     budget.start()  # before fit: its set-up counts
     clock.now += 1.0
     budget.on_train_begin()  # does not restart the clock
@@ -150,15 +156,7 @@ def test_time_budget_counts_from_start_and_keeps_validation_inside(monkeypatch):
 
 
 def test_time_budget_keeps_the_longest_epoch_close_inside(monkeypatch):
-    import types
-
-    from keras_attn import training
-
-    clock = Clock()
-    monkeypatch.setattr(training.time, "monotonic", clock)
-    budget = TimeBudget(minutes=20 / 60)  # 20 seconds
-    model = types.SimpleNamespace(stop_training=False)
-    budget.set_model(model)
+    budget, clock, model = budget_on_a_fake_clock(monkeypatch, 20)
     budget.start()
     budget.on_epoch_begin(0)
     clock.now += 1.0
