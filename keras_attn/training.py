@@ -188,11 +188,12 @@ class TimeBudget(keras.callbacks.Callback):
     (call it just before `fit`: `fit`'s set-up, the first shuffle buffer and
     the first trace count) or else at `on_train_begin`. Stopping keeps the
     close of the epoch inside the budget: training stops once the time spent
-    plus the longest close seen so far reaches the budget. An epoch's close
-    runs from its last training batch to the next epoch's start (the
-    validation pass, checkpoints, logs); the longest validation pass stands
-    in for it until a whole close has been timed. The longest, not the last:
-    the machine's speed varies between epochs.
+    plus the longest close seen so far (`reserve`) reaches the budget. An
+    epoch's close runs from its last training batch to the next epoch's
+    first (the validation pass, checkpoints, logs, a new data iterator); the
+    longest validation pass stands in for it until a whole close has been
+    timed. The longest, not the last: the machine's speed varies between
+    epochs.
     """
 
     def __init__(
@@ -210,12 +211,18 @@ class TimeBudget(keras.callbacks.Callback):
         self.closing_seconds = 0.0  # the longest close of an epoch
         self._validation_started = None
         self._last_batch_end = None
+        self._closing_since = None
 
     @property
     def seconds(self) -> float:
         if self.started is None:
             return self.spent_before
         return self.spent_before + time.monotonic() - self.started
+
+    @property
+    def reserve(self) -> float:
+        """Seconds kept for the close of the epoch under way."""
+        return max(self.validation_seconds, self.closing_seconds)
 
     def start(self) -> None:
         """Start the clock (once; later calls keep the first start)."""
@@ -236,16 +243,20 @@ class TimeBudget(keras.callbacks.Callback):
             self._validation_started = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self._last_batch_end is not None:
+        # The close runs on to this epoch's first training batch.
+        self._closing_since = self._last_batch_end
+        self._last_batch_end = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._closing_since is not None:
             self.closing_seconds = max(
-                self.closing_seconds, time.monotonic() - self._last_batch_end
+                self.closing_seconds, time.monotonic() - self._closing_since
             )
-            self._last_batch_end = None
+            self._closing_since = None
 
     def on_train_batch_end(self, batch, logs=None):
         self._last_batch_end = time.monotonic()
-        reserve = max(self.validation_seconds, self.closing_seconds)
-        if self.budget is not None and self.seconds + reserve >= self.budget:
+        if self.budget is not None and self.seconds + self.reserve >= self.budget:
             self.model.stop_training = True
             self.stopped_early = True
 
@@ -261,8 +272,9 @@ class BudgetCosineDecay(keras.callbacks.Callback):
     may stop long before, with the learning rate still near its peak. Here
     the decay follows the *progress* of the run: the larger of the share of
     `total_steps` done and the share of the budget spent (`budget.seconds`,
-    resumed parts included), so the rate reaches `alpha * peak` when either
-    runs out, on any machine. The optimizer's learning rate must be a plain
+    resumed parts included, plus `budget.reserve`, the close the budget
+    keeps for after the last step), so the rate reaches `alpha * peak` when
+    either runs out, on any machine. The optimizer's learning rate must be a plain
     value (not a schedule); this sets it before every training batch.
 
     Args:
@@ -310,7 +322,8 @@ class BudgetCosineDecay(keras.callbacks.Callback):
         """Share of the run done, in [0, 1]."""
         done = step / self.total_steps
         if self.budget is not None and self.budget.budget:
-            done = max(done, self.budget.seconds / self.budget.budget)
+            spent = self.budget.seconds + self.budget.reserve
+            done = max(done, spent / self.budget.budget)
         return min(1.0, done)
 
     def rate(self, step: int) -> float:

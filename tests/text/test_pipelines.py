@@ -277,3 +277,17 @@ def test_language_model_document_tokens_mark_each_text(german_tokenizer):
         [plain_inputs[0, :1], plain_targets[0][plain_targets[0] != 0]]
     )
     assert plain_stream.tolist() == first + second
+
+
+def test_pipelines_turn_off_the_autotuning_thread(
+    pairs, english_tokenizer, lossless_tokenizer, play_text
+):
+    """Its sleeps delayed every epoch's new iterator by up to a minute."""
+    datasets = [
+        translation_dataset(pairs, english_tokenizer, english_tokenizer, batch_size=4),
+        classification_dataset([("a good film", 1)], english_tokenizer, batch_size=4),
+        language_model_dataset(play_text, lossless_tokenizer, sequence_length=8),
+    ]
+    for dataset in datasets:
+        assert dataset.options().autotune.enabled is False
+        assert len(all_batches(dataset)) >= 1

@@ -41,6 +41,11 @@ def test_the_time_budget_ends_the_decay_first():
     assert math.isclose(schedule.rate(100), 1e-3 * (0.1 + 0.9 * 0.5))
     budget._seconds = 600.0
     assert math.isclose(schedule.rate(100), 1e-4)
+    # The close the budget keeps for after the last step counts as spent:
+    # the decay ends with the last step, not at the budget's end.
+    budget._seconds, budget.validation_seconds = 540.0, 60.0
+    assert math.isclose(schedule.progress(100), 1.0)
+    assert math.isclose(schedule.rate(100), 1e-4)
     # Steps run out before the budget: the steps decide.
     budget._seconds = 60.0
     assert math.isclose(schedule.progress(5_000), 0.5)
@@ -166,18 +171,41 @@ def test_time_budget_keeps_the_longest_epoch_close_inside(monkeypatch):
     budget.on_test_end()
     clock.now += 2.0  # then 2 s of checkpoints and logs
     budget.on_epoch_begin(1)
-    assert budget.validation_seconds == 3.0 and budget.closing_seconds == 5.0
-    clock.now += 8.0
-    budget.on_train_batch_end(0)  # 14 s + a 5-second close < 20 s
+    clock.now += 1.0  # and 1 s until the new epoch's first batch
+    budget.on_train_batch_begin(0)
+    assert budget.validation_seconds == 3.0 and budget.closing_seconds == 6.0
+    assert budget.reserve == 6.0
+    clock.now += 6.0
+    budget.on_train_batch_end(0)  # 13 s + a 6-second close < 20 s
     assert not model.stop_training
+    clock.now += 1.0
+    budget.on_train_batch_begin(1)  # later batches are not part of a close
+    assert budget.closing_seconds == 6.0
+    budget.on_train_batch_end(1)  # 14 s + 6 s: the close would end at 20 s
+    assert model.stop_training and budget.stopped_early
+
+
+def test_a_quicker_close_does_not_shrink_the_reserve(monkeypatch):
+    budget, clock, model = budget_on_a_fake_clock(monkeypatch, 20)
+    budget.start()
+    budget.on_epoch_begin(0)
+    budget.on_train_batch_end(0)
+    clock.now += 5.0  # a 5-second close
+    budget.on_epoch_begin(1)
+    budget.on_train_batch_begin(0)
+    clock.now += 1.0
+    budget.on_train_batch_end(0)
     budget.on_test_begin()
-    clock.now += 1.0  # a faster validation pass does not shrink the reserve
+    clock.now += 1.0  # a faster validation pass and close
     budget.on_test_end()
-    assert budget.validation_seconds == 3.0
     budget.on_epoch_begin(2)
-    assert budget.closing_seconds == 5.0
+    budget.on_train_batch_begin(0)
+    assert budget.closing_seconds == 5.0 and budget.reserve == 5.0
+    clock.now += 7.5
+    budget.on_train_batch_end(0)  # 14.5 s + 5 s < 20 s
+    assert not model.stop_training
     clock.now += 0.5
-    budget.on_train_batch_end(0)  # 15.5 s + 5 s: the close would end past 20 s
+    budget.on_train_batch_end(1)  # 15 s + 5 s: the close would end past 20 s
     assert model.stop_training and budget.stopped_early
 
 
