@@ -282,7 +282,7 @@ def test_language_model_document_tokens_mark_each_text(german_tokenizer):
 def test_pipelines_turn_off_the_autotuning_thread(
     pairs, english_tokenizer, lossless_tokenizer, play_text
 ):
-    """Its sleeps delayed every epoch's new iterator by up to a minute."""
+    """Waiting for it delayed epochs of translate.py by up to 33 s."""
     datasets = [
         translation_dataset(pairs, english_tokenizer, english_tokenizer, batch_size=4),
         classification_dataset([("a good film", 1)], english_tokenizer, batch_size=4),

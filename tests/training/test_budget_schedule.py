@@ -190,7 +190,10 @@ def test_a_quicker_close_does_not_shrink_the_reserve(monkeypatch):
     budget.start()
     budget.on_epoch_begin(0)
     budget.on_train_batch_end(0)
-    clock.now += 5.0  # a 5-second close
+    budget.on_test_begin()
+    clock.now += 3.0  # a 3-second validation pass
+    budget.on_test_end()
+    clock.now += 2.0  # in a 5-second close
     budget.on_epoch_begin(1)
     budget.on_train_batch_begin(0)
     clock.now += 1.0
@@ -200,6 +203,7 @@ def test_a_quicker_close_does_not_shrink_the_reserve(monkeypatch):
     budget.on_test_end()
     budget.on_epoch_begin(2)
     budget.on_train_batch_begin(0)
+    assert budget.validation_seconds == 3.0
     assert budget.closing_seconds == 5.0 and budget.reserve == 5.0
     clock.now += 7.5
     budget.on_train_batch_end(0)  # 14.5 s + 5 s < 20 s
