@@ -38,6 +38,7 @@ from keras_attn.text import (
     SubwordTokenizer,
     language_model_dataset,
     train_subword_vocabulary,
+    with_cardinality,
 )
 
 
@@ -149,20 +150,22 @@ def main(argv=None) -> dict:
     global_batch = args.batch_size * strategy.num_replicas_in_sync
 
     def dataset(documents, shuffle):
-        return language_model_dataset(
-            documents,
-            tokenizer,
-            sequence_length=args.sequence_length,
-            batch_size=global_batch,
-            shuffle=shuffle,
-            seed=args.seed,
-            document_tokens=True,
+        return with_cardinality(
+            language_model_dataset(
+                documents,
+                tokenizer,
+                sequence_length=args.sequence_length,
+                batch_size=global_batch,
+                shuffle=shuffle,
+                seed=args.seed,
+                document_tokens=True,
+            )
         )
 
     train_data = dataset(splits.train, True)
     validation_data = dataset(splits.validation, False)
     test_data = dataset(splits.test, False)
-    steps_per_epoch = sum(1 for _ in train_data)
+    steps_per_epoch = int(train_data.cardinality())
 
     with strategy.scope():
         model = build_model(args, tokenizer.vocabulary_size)

@@ -51,6 +51,7 @@ from keras_attn.text import (
     SubwordTokenizer,
     classification_dataset,
     train_subword_vocabulary,
+    with_cardinality,
 )
 
 EXTRA_DOMAINS = ("amazon", "nyt", "tweets")
@@ -161,13 +162,15 @@ def main(argv=None) -> dict:
     global_batch = args.batch_size * strategy.num_replicas_in_sync
 
     def dataset(examples, shuffle):
-        return classification_dataset(
-            examples,
-            tokenizer,
-            batch_size=global_batch,
-            max_length=args.max_length,
-            shuffle=shuffle,
-            seed=args.seed,
+        return with_cardinality(
+            classification_dataset(
+                examples,
+                tokenizer,
+                batch_size=global_batch,
+                max_length=args.max_length,
+                shuffle=shuffle,
+                seed=args.seed,
+            )
         )
 
     train_data = dataset(splits.train, True)
@@ -207,6 +210,7 @@ def main(argv=None) -> dict:
                 epochs=args.epochs,
                 callbacks=callbacks,
                 verbose=2,
+                shuffle=False,  # the dataset shuffles itself
             )
             losses = history.history.get("loss") or [None]
             done.write_text(

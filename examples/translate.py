@@ -42,6 +42,7 @@ from keras_attn.text import (
     SubwordTokenizer,
     train_subword_vocabulary,
     translation_dataset,
+    with_cardinality,
 )
 
 SIZES = {
@@ -213,20 +214,22 @@ def main(argv=None) -> dict:
     global_batch = args.batch_size * strategy.num_replicas_in_sync
 
     def dataset(pairs, shuffle):
-        return translation_dataset(
-            pairs,
-            tokenizer,
-            tokenizer,
-            batch_size=global_batch,
-            max_length=args.max_length,
-            shuffle=shuffle,
-            seed=args.seed,
-            sample_weight=True,
+        return with_cardinality(
+            translation_dataset(
+                pairs,
+                tokenizer,
+                tokenizer,
+                batch_size=global_batch,
+                max_length=args.max_length,
+                shuffle=shuffle,
+                seed=args.seed,
+                sample_weight=True,
+            )
         )
 
     train_data = dataset(splits.train, True)
     validation_data = dataset(splits.validation, False)
-    steps_per_epoch = sum(1 for _ in train_data)
+    steps_per_epoch = int(train_data.cardinality())
     with strategy.scope():
         model = compile_model(build_model(args, tokenizer.vocabulary_size), args)
     train_seconds, completed_steps, budget = training.fit_within_budget(

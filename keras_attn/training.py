@@ -574,6 +574,9 @@ def fit_within_budget(
         epochs=args.epochs,
         callbacks=callbacks,
         verbose=2,
+        # The datasets shuffle themselves; Keras would warn that it ignores
+        # `shuffle=True` (its default) for a `tf.data.Dataset`.
+        shuffle=False,
     )
     train_seconds = time.monotonic() - started
     completed_steps = int(model.optimizer.iterations.numpy())

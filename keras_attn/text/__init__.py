@@ -7,6 +7,9 @@
 - `translation_dataset`, `classification_dataset`, `language_model_dataset`:
   batched, padded (id 0), bucketed, cached, shuffled and prefetched
   `tf.data.Dataset`s for `model.fit`.
+- `with_cardinality(dataset)`: the same dataset with its number of batches
+  counted, so `fit` knows the epoch's length (and does not warn that the
+  input "ran out of data").
 
 Special ids: `PAD_ID` 0, `UNK_ID` 1, `START_ID` 2, `END_ID` 3.
 """
@@ -15,6 +18,7 @@ from keras_attn.text.pipelines import (
     classification_dataset,
     language_model_dataset,
     translation_dataset,
+    with_cardinality,
 )
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import (
@@ -35,4 +39,5 @@ __all__ = [
     "language_model_dataset",
     "train_subword_vocabulary",
     "translation_dataset",
+    "with_cardinality",
 ]

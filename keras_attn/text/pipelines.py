@@ -21,6 +21,13 @@ everything to `max_length`. Bucketing changes the order of examples; pass
 Order of the stages: tokenize -> `cache()` (the tokenized examples, once,
 in memory) -> `shuffle` (every epoch anew) -> batch -> `prefetch`, with
 `tf.data` autotuning off (see `_prefetch`).
+
+Epoch length: bucketing and the language model's windows leave `tf.data`
+unable to tell how many batches a pipeline yields (`cardinality()` is
+`UNKNOWN`), and Keras 3's `fit` then ends the first epoch with the warning
+"Your input ran out of data; interrupting training ... use the `.repeat()`
+function", although nothing is wrong. `with_cardinality(dataset)` counts the
+batches once and states the count, so `fit` knows the epoch's length.
 """
 
 from __future__ import annotations
@@ -313,6 +320,48 @@ def language_model_dataset(
             )
         )
     return _prefetch(dataset)
+
+
+def with_cardinality(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` with its number of batches counted and stated.
+
+    One pass over `dataset` counts its elements (with `cache=True`, that pass
+    also fills the cache of the pipelines above, so the first epoch reads the
+    cache), then `tf.data.experimental.assert_cardinality` states the count:
+    `dataset.cardinality()` is then that number, `fit` shows it in the
+    progress bar and no longer warns that the input "ran out of data" at the
+    end of the first epoch. The count of the pipelines of this module is
+    the same every epoch (it depends on the examples' lengths, not on the
+    shuffled order); for a dataset whose count changes between passes, the
+    assertion fails the pass with a `tf.errors.FailedPreconditionError`
+    naming both counts.
+
+    Args:
+        dataset: a finite `tf.data.Dataset`.
+
+    Returns:
+        The same elements, with a known `cardinality()`. A dataset whose
+        cardinality is already known is returned as it is.
+
+    Raises:
+        ValueError: `dataset` is infinite (e.g. `.repeat()`ed): there is
+            nothing to count, pass `steps_per_epoch` to `fit` instead.
+    """
+    known = int(dataset.cardinality())
+    if known == tf.data.INFINITE_CARDINALITY:
+        raise ValueError(
+            "`dataset` is infinite (a `.repeat()`ed dataset has no end to "
+            "count to); pass `steps_per_epoch` to `fit` instead. "
+            f"Received: {dataset=}"
+        )
+    if known >= 0:
+        return dataset
+
+    def add_one(count, *_):
+        return count + 1
+
+    count = int(dataset.reduce(tf.constant(0, tf.int64), add_one))
+    return dataset.apply(tf.data.experimental.assert_cardinality(count))
 
 
 def auto_bucket_boundaries(max_length: int) -> list[int]:

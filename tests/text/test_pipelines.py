@@ -1,6 +1,7 @@
 """`tf.data` pipelines: shapes, special tokens, truncation, bucketing, windows."""
 
 import collections
+import warnings
 
 import keras
 import numpy as np
@@ -14,6 +15,7 @@ from keras_attn.text.pipelines import (
     classification_dataset,
     language_model_dataset,
     translation_dataset,
+    with_cardinality,
 )
 from tests.text.conftest import TRICKY_TEXT
 
@@ -251,6 +253,79 @@ def test_pipelines_feed_model_fit(pairs, english_tokenizer, german_tokenizer):
     )
     history = model.fit(dataset, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
+
+
+def test_fit_knows_the_epoch_length_of_a_counted_pipeline(english_tokenizer):
+    """Without a known cardinality, Keras warns that the input 'ran out of
+    data' at the end of the first epoch (and counts one optimizer iteration
+    too many per epoch); `with_cardinality` states the count."""
+    examples = [(f"review number {i} was {'good' * (i % 3)}", i % 2) for i in range(40)]
+    raw = classification_dataset(examples, english_tokenizer, batch_size=8)
+    batches = len(all_batches(raw))
+
+    def fitted_model(dataset):
+        model = keras.Sequential(
+            [
+                keras.layers.Embedding(english_tokenizer.vocabulary_size, 4),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1, activation="sigmoid"),
+            ]
+        )
+        model.compile("adam", "binary_crossentropy")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(dataset, epochs=2, verbose=0, shuffle=False)
+        ran_out = any("ran out of data" in str(w.message) for w in caught)
+        return ran_out, int(model.optimizer.iterations.numpy())
+
+    assert fitted_model(raw)[0]
+    assert fitted_model(with_cardinality(raw)) == (False, 2 * batches)
+
+
+def test_with_cardinality_counts_each_pipeline(
+    pairs, english_tokenizer, german_tokenizer, lossless_tokenizer, play_text
+):
+    """The count is stated, equals what every (reshuffled) pass yields, and the
+    elements are the pipeline's own."""
+    pipelines = {
+        "translation": translation_dataset(
+            pairs, english_tokenizer, german_tokenizer, batch_size=8, seed=1
+        ),
+        "classification": classification_dataset(
+            [(english, i % 2) for i, (english, _) in enumerate(pairs)],
+            english_tokenizer,
+            batch_size=8,
+            seed=1,
+        ),
+        "language model": language_model_dataset(
+            play_text, lossless_tokenizer, sequence_length=32, batch_size=4, seed=1
+        ),
+    }
+    for name, raw in pipelines.items():
+        assert int(raw.cardinality()) == tf.data.UNKNOWN_CARDINALITY, name
+        counted = with_cardinality(raw)
+        first, second = all_batches(counted), all_batches(counted)
+        assert int(counted.cardinality()) == len(first) == len(second) > 1, name
+        assert len(all_batches(raw)) == len(first), name
+        assert counted.options().autotune.enabled is False, name
+
+        def rows(batches):
+            inputs = [
+                b[0]["encoder_inputs"] if isinstance(b[0], dict) else b[0]
+                for b in batches
+            ]
+            return sorted(
+                tuple(strip_padding(row)) for batch in inputs for row in batch
+            )
+
+        assert rows(first) == rows(second) == rows(all_batches(raw)), name
+
+
+def test_with_cardinality_keeps_a_known_count_and_refuses_an_endless_dataset():
+    known = tf.data.Dataset.range(5).batch(2)
+    assert with_cardinality(known) is known
+    with pytest.raises(ValueError, match=r"`dataset` is infinite.*steps_per_epoch"):
+        with_cardinality(known.repeat())
 
 
 def test_language_model_document_tokens_mark_each_text(german_tokenizer):
