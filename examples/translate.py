@@ -45,6 +45,11 @@ from keras_attn.text import (
     with_cardinality,
 )
 
+# Chosen on the validation split: the Transformer's BLEU rose from 5.74 at
+# 0.6 to 5.96 at 1.0 (6.03 at 1.5, where the output is one step from running
+# away: 1.9 times the references' length at 2.0); the RNN lost at 1.5.
+LENGTH_PENALTY = {"transformer": 1.0, "rnn": 0.6}
+
 SIZES = {
     # embedding_dim, layers (per side), heads, intermediate_dim
     "small": (128, 2, 4, 512),
@@ -91,6 +96,15 @@ def parse_args(argv=None):
         help="one shared English+German SentencePiece vocabulary",
     )
     parser.add_argument("--max-length", type=int, default=40, help="tokens per side")
+    parser.add_argument(
+        "--subword-sampling",
+        type=float,
+        default=0.0,
+        metavar="ALPHA",
+        help="train on a random segmentation of each pair at every epoch, "
+        "sampled with this alpha (subword regularization; lower samples more "
+        "uniformly); 0: off, always the most likely segmentation",
+    )
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--warmup-steps", type=int, default=400)
@@ -111,7 +125,13 @@ def parse_args(argv=None):
         help="score only the first N validation and test pairs (a quick look; "
         "reported figures use the whole test split)",
     )
-    parser.add_argument("--length-penalty", type=float, default=0.6)
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        help="GNMT length penalty alpha of the beam search; default: 1.0 for "
+        "the Transformer, 0.6 for the RNN (chosen on the validation split)",
+    )
     training.add_run_arguments(
         parser, out="runs/translation", epochs=40, time_budget=25.0, batch_size=64
     )
@@ -121,6 +141,13 @@ def parse_args(argv=None):
             "--phrases adds the Ding phrase pairs and needs the default data. "
             f"Received: --data {args.data}"
         )
+    if args.subword_sampling < 0:
+        parser.error(
+            "--subword-sampling must be 0 (off) or a positive alpha. "
+            f"Received: {args.subword_sampling}"
+        )
+    if args.length_penalty is None:
+        args.length_penalty = LENGTH_PENALTY[args.model]
     if args.smoke:
         args.vocabulary_size, args.max_length, args.size = 400, 16, "small"
         args.warmup_steps = 5
@@ -213,7 +240,7 @@ def main(argv=None) -> dict:
     tokenizer = SubwordTokenizer(vocab_path)
     global_batch = args.batch_size * strategy.num_replicas_in_sync
 
-    def dataset(pairs, shuffle):
+    def dataset(pairs, training):
         return with_cardinality(
             translation_dataset(
                 pairs,
@@ -221,14 +248,15 @@ def main(argv=None) -> dict:
                 tokenizer,
                 batch_size=global_batch,
                 max_length=args.max_length,
-                shuffle=shuffle,
+                shuffle=training,
                 seed=args.seed,
                 sample_weight=True,
+                subword_sampling=(args.subword_sampling or None) if training else None,
             )
         )
 
-    train_data = dataset(splits.train, True)
-    validation_data = dataset(splits.validation, False)
+    train_data = dataset(splits.train, training=True)
+    validation_data = dataset(splits.validation, training=False)
     steps_per_epoch = int(train_data.cardinality())
     with strategy.scope():
         model = compile_model(build_model(args, tokenizer.vocabulary_size), args)

@@ -59,6 +59,7 @@ def translation_dataset(
     cache: bool = True,
     sample_weight: bool = False,
     drop_remainder: bool = False,
+    subword_sampling: float | None = None,
 ) -> tf.data.Dataset:
     """Batches of `({"encoder_inputs", "decoder_inputs"}, decoder_targets)`.
 
@@ -89,6 +90,14 @@ def translation_dataset(
         cache: keep the tokenized examples in memory after the first epoch.
         sample_weight: also yield `float32` weights, 0.0 on padded targets.
         drop_remainder: drop batches smaller than `batch_size`.
+        subword_sampling: `None` (default), or a positive `alpha`: tokenize
+            both sides with `SubwordTokenizer.sample(texts, alpha)`, a new
+            random segmentation of every pair at every epoch (subword
+            regularization, for training data). The texts are cached and
+            tokenized after the shuffle; each pair's bucket is chosen by the
+            length of its most likely segmentation, so the number of batches
+            stays the same every epoch (`with_cardinality` holds), and each
+            batch is padded to its longest sequence.
 
     Returns:
         A `tf.data.Dataset` of `int32` tensors `[batch, length]`.
@@ -98,34 +107,93 @@ def translation_dataset(
     _check_lengths(
         batch_size=batch_size, max_length=max_length, target_length=target_length
     )
+    if subword_sampling is not None and (
+        isinstance(subword_sampling, bool)
+        or not isinstance(subword_sampling, (int, float))
+        or subword_sampling <= 0
+    ):
+        raise ValueError(
+            "`subword_sampling` must be None or a positive float (the sampling "
+            f"alpha). Received: {subword_sampling=}"
+        )
 
-    def tokenize(source, target):
-        encoder = source_tokenizer.tokenize(source)[:, :max_length]  # (B, None)
-        target_ids = target_tokenizer.tokenize(target)  # (B, None)
-        rows = target_ids.nrows()
-        start = tf.fill([rows, 1], START_ID)
-        end = tf.fill([rows, 1], END_ID)
-        full = tf.concat([start, target_ids, end], axis=1)[:, : target_length + 1]
-        return encoder, full[:, :-1], full[:, 1:]
+    def tokenizing(tokenize_source, tokenize_target):
+        def tokenize(source, target):
+            encoder = tokenize_source(source)[:, :max_length]  # (B, None)
+            target_ids = tokenize_target(target)  # (B, None)
+            rows = target_ids.nrows()
+            start = tf.fill([rows, 1], START_ID)
+            end = tf.fill([rows, 1], END_ID)
+            full = tf.concat([start, target_ids, end], axis=1)[:, : target_length + 1]
+            return encoder, full[:, :-1], full[:, 1:]
 
+        return tokenize
+
+    tokenize = tokenizing(source_tokenizer.tokenize, target_tokenizer.tokenize)
     dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
-    dataset = (
-        dataset.batch(TOKENIZE_BATCH)
-        .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
-        .unbatch()
-        .map(_dense, num_parallel_calls=AUTOTUNE)
-    )
+    if subword_sampling is None:
+        dataset = (
+            dataset.batch(TOKENIZE_BATCH)
+            .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
+            .unbatch()
+            .map(_dense, num_parallel_calls=AUTOTUNE)
+        )
+    else:
+        # Cache the texts with the length of their most likely segmentation
+        # (the bucket key), then sample a segmentation after each shuffle.
+        def with_length(source, target):
+            encoder, decoder_in, _ = tokenize(source, target)
+            lengths = tf.maximum(encoder.row_lengths(), decoder_in.row_lengths())
+            return source, target, tf.cast(lengths, tf.int32)
+
+        sampled = tokenizing(
+            lambda texts: source_tokenizer.sample(texts, subword_sampling),
+            lambda texts: target_tokenizer.sample(texts, subword_sampling),
+        )
+
+        def sample(source, target, length):
+            return (*sampled(source, target), length)
+
+        dataset = (
+            dataset.batch(TOKENIZE_BATCH)
+            .map(with_length, num_parallel_calls=AUTOTUNE, deterministic=True)
+            .unbatch()
+        )
     dataset = _cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
-    dataset = _batch(
-        dataset,
-        batch_size=batch_size,
-        max_lengths=(max_length, target_length, target_length),
-        length=lambda encoder, decoder_in, decoder_out: tf.maximum(
-            tf.shape(encoder)[0], tf.shape(decoder_in)[0]
-        ),
-        bucket_boundaries=bucket_boundaries,
-        drop_remainder=drop_remainder,
-    )
+    if subword_sampling is None:
+        dataset = _batch(
+            dataset,
+            batch_size=batch_size,
+            max_lengths=(max_length, target_length, target_length),
+            length=lambda encoder, decoder_in, decoder_out: tf.maximum(
+                tf.shape(encoder)[0], tf.shape(decoder_in)[0]
+            ),
+            bucket_boundaries=bucket_boundaries,
+            drop_remainder=drop_remainder,
+        )
+    else:
+        dataset = (
+            dataset.batch(TOKENIZE_BATCH)
+            .map(sample, num_parallel_calls=AUTOTUNE, deterministic=True)
+            .unbatch()
+            .map(_dense, num_parallel_calls=AUTOTUNE)
+        )
+        dataset = _batch(
+            dataset,
+            batch_size=batch_size,
+            max_lengths=(max_length, target_length, target_length, None),
+            length=lambda encoder, decoder_in, decoder_out, length: length,
+            bucket_boundaries=bucket_boundaries,
+            drop_remainder=drop_remainder,
+            pad_to_bucket_boundary=False,
+        )
+        dataset = dataset.map(
+            lambda encoder, decoder_in, decoder_out, _: (
+                encoder,
+                decoder_in,
+                decoder_out,
+            )
+        )
 
     def to_model_inputs(encoder, decoder_in, decoder_out):
         inputs = {"encoder_inputs": encoder, "decoder_inputs": decoder_in}
@@ -375,7 +443,14 @@ def auto_bucket_boundaries(max_length: int) -> list[int]:
 
 
 def _batch(
-    dataset, *, batch_size, max_lengths, length, bucket_boundaries, drop_remainder
+    dataset,
+    *,
+    batch_size,
+    max_lengths,
+    length,
+    bucket_boundaries,
+    drop_remainder,
+    pad_to_bucket_boundary=True,
 ):
     longest = max(m for m in max_lengths if m is not None)
     if bucket_boundaries is None:
@@ -409,7 +484,7 @@ def _batch(
         bucket_boundaries=boundaries,
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
         padding_values=tuple(PAD_ID if m is not None else None for m in max_lengths),
-        pad_to_bucket_boundary=True,
+        pad_to_bucket_boundary=pad_to_bucket_boundary,
         drop_remainder=drop_remainder,
     )
 

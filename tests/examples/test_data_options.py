@@ -62,6 +62,26 @@ def test_phrases_need_the_default_data(capsys):
     assert "--phrases" in capsys.readouterr().err
 
 
+def test_length_penalty_default_depends_on_the_model():
+    """Unset, the beam search's length penalty is the one chosen on the
+    validation split for that model; a value given is kept, 0 included."""
+    script = load_script("translate")
+    assert script.parse_args([]).length_penalty == 1.0
+    assert script.parse_args(["--model", "rnn"]).length_penalty == 0.6
+    given = script.parse_args(["--model", "rnn", "--length-penalty", "0"])
+    assert given.length_penalty == 0.0
+
+
+def test_subword_sampling_refuses_a_negative_alpha(capsys):
+    script = load_script("translate")
+    assert script.parse_args([]).subword_sampling == 0.0  # off
+    with pytest.raises(SystemExit):
+        script.parse_args(["--subword-sampling", "-0.5"])
+    assert "--subword-sampling must be 0 (off) or a positive alpha" in (
+        capsys.readouterr().err
+    )
+
+
 def test_extra_domains_join_the_training_split_only(monkeypatch, tmp_path):
     monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(movie_reviews, "_fetch", fake_movie_fetch)

@@ -105,6 +105,27 @@ def test_translate_smoke(tmp_path):
     assert (out / "plots" / "alignment_0.png").is_file()
 
 
+def test_translate_smoke_with_subword_sampling(tmp_path):
+    out = tmp_path / "run"
+    run_script(
+        "translate.py",
+        "--smoke",
+        "--data",
+        FIXTURES / "de_en_pairs.tsv",
+        "--subword-sampling",
+        "0.5",
+        "--no-export",
+        "--out",
+        out,
+    )
+    run = json.loads((out / "metrics.json").read_text())
+    assert run["config"]["subword_sampling"] == 0.5
+    metrics = run["metrics"]
+    # The sampled training set keeps its stated number of batches.
+    assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] > 0
+    assert metrics["test_sentences"] > 0 and "test_bleu" in metrics
+
+
 def test_language_model_resumes_after_a_kill(tmp_path):
     data = tmp_path / "play.txt"  # long enough for three non-empty splits
     data.write_text((FIXTURES / "play_sample.txt").read_text() * 20)

@@ -321,6 +321,70 @@ def test_with_cardinality_counts_each_pipeline(
         assert rows(first) == rows(second) == rows(all_batches(raw)), name
 
 
+def test_subword_sampling_draws_new_segmentations_every_epoch(
+    pairs, english_tokenizer, german_tokenizer
+):
+    """Every epoch holds every pair once, segmented anew, in the same number
+    of batches (the bucket follows the most likely segmentation's length)."""
+    dataset = with_cardinality(
+        translation_dataset(
+            pairs,
+            english_tokenizer,
+            german_tokenizer,
+            batch_size=8,
+            seed=3,
+            subword_sampling=0.1,
+        )
+    )
+    plain = all_batches(
+        translation_dataset(
+            pairs, english_tokenizer, german_tokenizer, batch_size=8, seed=3
+        )
+    )
+
+    def texts_and_pieces(batches):
+        texts, pieces = [], []
+        for inputs, targets in batches:
+            for source, decoder_in, decoder_out in zip(
+                inputs["encoder_inputs"], inputs["decoder_inputs"], targets, strict=True
+            ):
+                source, decoder_in = strip_padding(source), strip_padding(decoder_in)
+                decoder_out = strip_padding(decoder_out)
+                assert decoder_in[0] == START_ID and decoder_out[-1] == END_ID
+                assert decoder_in[1:] == decoder_out[:-1]
+                texts.append(
+                    (
+                        english_tokenizer.detokenize(source).numpy().decode(),
+                        german_tokenizer.detokenize(decoder_out).numpy().decode(),
+                    )
+                )
+                pieces.append((tuple(source), tuple(decoder_out)))
+        return sorted(texts), sorted(pieces)
+
+    first_texts, first_pieces = texts_and_pieces(all_batches(dataset))
+    second_texts, second_pieces = texts_and_pieces(all_batches(dataset))
+    plain_texts, plain_pieces = texts_and_pieces(plain)
+    assert first_texts == second_texts == plain_texts
+    assert first_pieces != second_pieces and first_pieces != plain_pieces
+
+    # Sampled segmentations have more, shorter pieces than the most likely.
+    def count(pieces):
+        return sum(len(source) + len(target) for source, target in pieces)
+
+    assert count(first_pieces) > count(plain_pieces)
+    assert int(dataset.cardinality()) == len(plain)
+
+
+@pytest.mark.parametrize("alpha", [0, -1.0, True, "0.1"])
+def test_subword_sampling_refuses_a_bad_alpha(pairs, english_tokenizer, alpha):
+    with pytest.raises(
+        ValueError, match=r"`subword_sampling` must be None or a positive"
+    ):
+        translation_dataset(
+            pairs, english_tokenizer, english_tokenizer, subword_sampling=alpha
+        )
+
+
 def test_with_cardinality_keeps_a_known_count_and_refuses_an_endless_dataset():
     known = tf.data.Dataset.range(5).batch(2)
     assert with_cardinality(known) is known

@@ -132,6 +132,39 @@ def test_inside_tf_function_and_tf_data(german_tokenizer):
     assert [s for batch in dataset for s in decode(batch)] == GERMAN[:3]
 
 
+def test_sample_draws_other_segmentations_of_the_same_text(german_tokenizer, pairs):
+    """Subword regularization: each call draws anew; the text never changes."""
+    sentences = [german for _, german in pairs][:50]
+    best = german_tokenizer.tokenize(sentences).to_list()
+    draws = [german_tokenizer.sample(sentences, alpha=0.1) for _ in range(3)]
+    for ids in draws:
+        assert decode(german_tokenizer.detokenize(ids)) == decode(
+            german_tokenizer.detokenize(german_tokenizer.tokenize(sentences))
+        )
+        assert ids.to_list() != best  # alpha 0.1: far from the most likely
+    assert draws[0].to_list() != draws[1].to_list()
+
+    # A high alpha concentrates on the most likely segmentation: fewer pieces.
+    def pieces(alpha):
+        return int(german_tokenizer.sample(sentences, alpha).flat_values.shape[0])
+
+    assert sum(map(len, best)) <= pieces(100.0) < pieces(0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def sampled_round_trip(texts):
+        return german_tokenizer.detokenize(german_tokenizer.sample(texts, 0.5))
+
+    assert decode(sampled_round_trip(tf.constant(GERMAN[:2]))) == GERMAN[:2]
+
+
+@pytest.mark.parametrize("alpha", [0, -0.5, True, "0.5", None])
+def test_sample_refuses_a_bad_alpha(german_tokenizer, alpha):
+    with pytest.raises(
+        ValueError, match=r"`alpha` must be a positive float\. Received: alpha="
+    ):
+        german_tokenizer.sample(["Guten Tag."], alpha)
+
+
 def test_config_and_keras_serialization(vocab_dir, tmp_path):
     tokenizer = SubwordTokenizer(vocab_dir / "de.model", sequence_length=7, name="de")
     config = tokenizer.get_config()
