@@ -185,7 +185,8 @@ class SubwordTokenizer(keras.layers.Layer):
         the Ding sentences with an 8k unigram vocabulary, `alpha=0.5` gives 6%
         more tokens and leaves 43% of the sentences segmented as `tokenize`
         does, `alpha=0.1` 89% more tokens. The text is unchanged:
-        `detokenize(sample(texts))` gives `texts` back. For training only;
+        `detokenize(sample(texts))` equals `detokenize(tokenize(texts))`
+        (the normalised texts). For training only;
         evaluate and serve with `tokenize`. The draws come from
         SentencePiece's own generator: `tf.random.set_seed` does not fix them.
 

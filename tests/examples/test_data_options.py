@@ -62,14 +62,14 @@ def test_phrases_need_the_default_data(capsys):
     assert "--phrases" in capsys.readouterr().err
 
 
-def test_length_penalty_default_depends_on_the_model():
-    """Unset, the beam search's length penalty is the one chosen on the
-    validation split for that model; a value given is kept, 0 included."""
+def test_translate_refuses_a_negative_length_penalty(capsys):
+    """Refused before any training, not when the beam search is built."""
     script = load_script("translate")
-    assert script.parse_args([]).length_penalty == 1.0
-    assert script.parse_args(["--model", "rnn"]).length_penalty == 0.6
-    given = script.parse_args(["--model", "rnn", "--length-penalty", "0"])
-    assert given.length_penalty == 0.0
+    with pytest.raises(SystemExit):
+        script.parse_args(["--length-penalty", "-1"])
+    assert "--length-penalty must be 0 or more. Received: -1" in (
+        capsys.readouterr().err
+    )
 
 
 def test_subword_sampling_refuses_a_negative_alpha(capsys):
