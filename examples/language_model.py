@@ -68,8 +68,9 @@ def parse_args(argv=None):
         "--dropout",
         type=float,
         default=0.0,
-        help="dropout rate of the blocks (0: none; the 15-minute run is far "
-        "from overfitting, and 0 beat 0.1 on the validation plays)",
+        help="dropout rate of the blocks (0: none; in 15 minutes the "
+        "validation loss still falls to the end, and 0 beat 0.1 on the "
+        "validation plays)",
     )
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.05)
