@@ -132,11 +132,17 @@ def translation_dataset(
     tokenize = tokenizing(source_tokenizer.tokenize, target_tokenizer.tokenize)
     dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
     if subword_sampling is None:
-        dataset = (
-            dataset.batch(TOKENIZE_BATCH)
-            .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
-            .unbatch()
-            .map(_dense, num_parallel_calls=AUTOTUNE)
+        dataset = _map_in_batches(dataset, tokenize)
+        dataset = _cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
+        dataset = _batch(
+            dataset,
+            batch_size=batch_size,
+            max_lengths=(max_length, target_length, target_length),
+            length=lambda encoder, decoder_in, decoder_out: tf.maximum(
+                tf.shape(encoder)[0], tf.shape(decoder_in)[0]
+            ),
+            bucket_boundaries=bucket_boundaries,
+            drop_remainder=drop_remainder,
         )
     else:
         # Cache the texts with the length of their most likely segmentation
@@ -154,32 +160,10 @@ def translation_dataset(
         def sample(source, target, length):
             return (*sampled(source, target), length)
 
-        dataset = (
-            dataset.batch(TOKENIZE_BATCH)
-            .map(with_length, num_parallel_calls=AUTOTUNE, deterministic=True)
-            .unbatch()
-        )
-    dataset = _cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
-    if subword_sampling is None:
+        dataset = _map_in_batches(dataset, with_length)
+        dataset = _cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
         dataset = _batch(
-            dataset,
-            batch_size=batch_size,
-            max_lengths=(max_length, target_length, target_length),
-            length=lambda encoder, decoder_in, decoder_out: tf.maximum(
-                tf.shape(encoder)[0], tf.shape(decoder_in)[0]
-            ),
-            bucket_boundaries=bucket_boundaries,
-            drop_remainder=drop_remainder,
-        )
-    else:
-        dataset = (
-            dataset.batch(TOKENIZE_BATCH)
-            .map(sample, num_parallel_calls=AUTOTUNE, deterministic=True)
-            .unbatch()
-            .map(_dense, num_parallel_calls=AUTOTUNE)
-        )
-        dataset = _batch(
-            dataset,
+            _map_in_batches(dataset, sample),
             batch_size=batch_size,
             max_lengths=(max_length, target_length, target_length, None),
             length=lambda encoder, decoder_in, decoder_out, length: length,
@@ -187,15 +171,9 @@ def translation_dataset(
             drop_remainder=drop_remainder,
             pad_to_bucket_boundary=False,
         )
-        dataset = dataset.map(
-            lambda encoder, decoder_in, decoder_out, _: (
-                encoder,
-                decoder_in,
-                decoder_out,
-            )
-        )
 
-    def to_model_inputs(encoder, decoder_in, decoder_out):
+    def to_model_inputs(encoder, decoder_in, decoder_out, *bucket_key):
+        # With subword sampling, each batch also carries its bucket key.
         inputs = {"encoder_inputs": encoder, "decoder_inputs": decoder_in}
         if sample_weight:
             return inputs, decoder_out, tf.cast(decoder_out != PAD_ID, tf.float32)
@@ -249,12 +227,7 @@ def classification_dataset(
     dataset = tf.data.Dataset.from_tensor_slices(
         (tf.constant(texts, tf.string), tf.constant(labels, tf.int32))
     )
-    dataset = (
-        dataset.batch(TOKENIZE_BATCH)
-        .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
-        .unbatch()
-        .map(_dense, num_parallel_calls=AUTOTUNE)
-    )
+    dataset = _map_in_batches(dataset, tokenize)
     dataset = _cache_and_shuffle(dataset, len(texts), cache, shuffle, seed)
     dataset = _batch(
         dataset,
@@ -502,6 +475,17 @@ def _prefetch(dataset):
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.prefetch(AUTOTUNE).with_options(options)
+
+
+def _map_in_batches(dataset, fn):
+    """`fn` over batches of `TOKENIZE_BATCH` examples (tokenizers are far
+    faster on batches), then back to dense examples."""
+    return (
+        dataset.batch(TOKENIZE_BATCH)
+        .map(fn, num_parallel_calls=AUTOTUNE, deterministic=True)
+        .unbatch()
+        .map(_dense, num_parallel_calls=AUTOTUNE)
+    )
 
 
 def _dense(*elements):
