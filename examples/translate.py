@@ -110,7 +110,13 @@ def parse_args(argv=None):
         help="share of the run (steps or time budget) at the peak learning "
         "rate before the cosine decay; 0: decay right after the warm-up",
     )
-    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.1,
+        help="AdamW decoupled weight decay (chosen on validation: 0.1 beat 0.01 "
+        "for both models)",
+    )
     parser.add_argument("--label-smoothing", type=float, default=0.1)
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument(

@@ -448,8 +448,9 @@ def add_run_arguments(
 
 
 def parse_run_args(parser, argv=None):
-    """Parse, give `--epochs` its default (1 with `--smoke`) and turn
-    `--time-budget 0` into no budget (`None`)."""
+    """Parse, give `--epochs` its default (1 with `--smoke`), turn
+    `--time-budget 0` into no budget (`None`) and refuse out-of-range
+    `--time-budget`, `--lr-hold` and `--weight-decay`."""
     args = parser.parse_args(argv)
     if args.time_budget < 0:
         parser.error(
@@ -463,6 +464,9 @@ def parse_run_args(parser, argv=None):
             "--lr-hold must be in [0, 1) (a share of the run). "
             f"Received: {args.lr_hold}"
         )
+    # Keras' AdamW takes a negative decay and grows every weight with it.
+    if getattr(args, "weight_decay", 0.0) < 0:
+        parser.error(f"--weight-decay must be 0 or more. Received: {args.weight_decay}")
     if args.epochs is None:
         args.epochs = 1 if args.smoke else args.default_epochs
     del args.default_epochs

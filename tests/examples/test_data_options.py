@@ -72,6 +72,17 @@ def test_translate_refuses_a_negative_length_penalty(capsys):
     )
 
 
+@pytest.mark.parametrize("name", ["translate", "sentiment", "language_model"])
+def test_scripts_refuse_a_negative_weight_decay(name, capsys):
+    script = load_script(name)
+    assert script.parse_args(["--weight-decay", "0"]).weight_decay == 0.0
+    with pytest.raises(SystemExit):
+        script.parse_args(["--weight-decay", "-0.1"])
+    assert "--weight-decay must be 0 or more. Received: -0.1" in (
+        capsys.readouterr().err
+    )
+
+
 def test_subword_sampling_refuses_a_negative_alpha(capsys):
     script = load_script("translate")
     assert script.parse_args([]).subword_sampling == 0.0  # off
