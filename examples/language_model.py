@@ -144,9 +144,7 @@ def build_model(args, vocabulary_size):
         dropout=args.dropout,
     )
     model.compile(
-        optimizer=keras.optimizers.AdamW(
-            args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
-        ),
+        optimizer=training.make_optimizer(args, clipnorm=1.0),
         loss=keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, ignore_class=0
         ),

@@ -191,15 +191,16 @@ def main(argv=None) -> dict:
             member_dir / "budget.json",
         )
         member_dir.mkdir(parents=True, exist_ok=True)
-        callbacks = training.standard_callbacks(
-            member_dir, budget, "val_accuracy", mode="max"
+        early_stopping = keras.callbacks.EarlyStopping(
+            "val_accuracy", mode="max", patience=args.patience
         )
-        callbacks.append(
-            keras.callbacks.EarlyStopping(
-                "val_accuracy",
-                mode="max",
-                patience=args.patience,
-            )
+        callbacks = training.standard_callbacks(
+            member_dir,
+            budget,
+            "val_accuracy",
+            mode="max",
+            ema=args.ema_momentum > 0,
+            stoppers=(early_stopping,),
         )
         done = member_dir / "done.json"
         if not done.exists():  # a rerun after an interruption skips finished members
@@ -296,9 +297,7 @@ def build_member(args, vocabulary_size, name=None):
         **({"name": name} if name else {}),
     )
     member.compile(
-        optimizer=keras.optimizers.AdamW(
-            args.learning_rate, weight_decay=args.weight_decay
-        ),
+        optimizer=training.make_optimizer(args),
         loss=keras.losses.BinaryCrossentropy(label_smoothing=args.label_smoothing),
         metrics=["accuracy"],
     )

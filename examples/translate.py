@@ -224,9 +224,7 @@ def compile_model(model, args):
     """The training configuration (the learning rate is set per batch by
     `BudgetCosineDecay`)."""
     model.compile(
-        optimizer=keras.optimizers.AdamW(
-            args.learning_rate, weight_decay=args.weight_decay, clipnorm=1.0
-        ),
+        optimizer=training.make_optimizer(args, clipnorm=1.0),
         loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )

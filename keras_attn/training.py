@@ -344,12 +344,65 @@ class BudgetCosineDecay(keras.callbacks.Callback):
             )
 
 
+class SwapEMAWeights(keras.callbacks.SwapEMAWeights):
+    """Validate and checkpoint the optimizer's moving average of the weights.
+
+    Keras' `SwapEMAWeights(swap_on_epoch=True)`: the validation pass and the
+    callbacks after this one at an epoch's end (`ModelCheckpoint`) see the
+    average, training goes on with the weights themselves. Keras' callback
+    hands the average back to `fit` only after the last of `epochs`; when
+    training stops earlier (`TimeBudget`, `EarlyStopping`), `fit` would end
+    with the raw weights of the last step instead. This one also hands it back
+    at an early stop, so the model always ends with the average. Callbacks that
+    set `stop_training` at an epoch's end must come before it.
+    """
+
+    def __init__(self):
+        super().__init__(swap_on_epoch=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self.model.stop_training and epoch != self.params["epochs"] - 1:
+            # The average is in the model; `fit` ends by copying the
+            # optimizer's copy into it, so that copy must hold it too.
+            self._finalize_ema_values()
+
+
+def make_optimizer(args, clipnorm: float | None = None):
+    """AdamW at `args.learning_rate` with decoupled `args.weight_decay`,
+    keeping an exponential moving average of the weights when
+    `args.ema_momentum` > 0 (`--ema-momentum`; `standard_callbacks(ema=True)`
+    then validates, checkpoints and ends training with the average)."""
+    momentum = args.ema_momentum
+    ema = {"use_ema": True, "ema_momentum": momentum} if momentum else {}
+    return keras.optimizers.AdamW(
+        args.learning_rate, weight_decay=args.weight_decay, clipnorm=clipnorm, **ema
+    )
+
+
 def standard_callbacks(
-    out_dir: Path, budget: TimeBudget, monitor: str, mode: str = "auto"
+    out_dir: Path,
+    budget: TimeBudget,
+    monitor: str,
+    mode: str = "auto",
+    ema: bool = False,
+    stoppers: tuple = (),
 ) -> list:
-    """Resume (BackupAndRestore), best checkpoint, TensorBoard, budget."""
+    """Resume (BackupAndRestore), best checkpoint, TensorBoard, budget.
+
+    `ema`: the optimizer keeps a moving average of the weights
+    (`make_optimizer`); validation, the best checkpoint and the end of
+    training use the average, the backup for resuming the weights
+    themselves. `stoppers`: callbacks that may stop training at an epoch's
+    end (`EarlyStopping`), placed where the average still sees that stop.
+    """
+    backup = keras.callbacks.BackupAndRestore(
+        str(out_dir / "backup"), save_freq="epoch"
+    )
     return [
-        keras.callbacks.BackupAndRestore(str(out_dir / "backup"), save_freq="epoch"),
+        backup,  # before the swap: the backup holds the weights, not the average
+        *stoppers,
+        *([SwapEMAWeights()] if ema else []),
         keras.callbacks.ModelCheckpoint(
             str(out_dir / "checkpoints" / "best.weights.h5"),
             monitor=monitor,
@@ -433,6 +486,14 @@ def add_run_arguments(
         "--batch-size is per replica (per worker on CPUs); only the chief "
         "writes to --out, the others to OUT/workers/<type>_<index>/",
     )
+    parser.add_argument(
+        "--ema-momentum",
+        type=float,
+        default=0.0,
+        help="keep an exponential moving average of the weights with this "
+        "momentum (e.g. 0.999) and validate, checkpoint and export the average "
+        "(0: off)",
+    )
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument(
         "--export-dir",
@@ -450,7 +511,7 @@ def add_run_arguments(
 def parse_run_args(parser, argv=None):
     """Parse, give `--epochs` its default (1 with `--smoke`), turn
     `--time-budget 0` into no budget (`None`) and refuse out-of-range
-    `--time-budget`, `--lr-hold` and `--weight-decay`."""
+    `--time-budget`, `--lr-hold`, `--weight-decay` and `--ema-momentum`."""
     args = parser.parse_args(argv)
     if args.time_budget < 0:
         parser.error(
@@ -467,6 +528,10 @@ def parse_run_args(parser, argv=None):
     # Keras' AdamW takes a negative decay and grows every weight with it.
     if getattr(args, "weight_decay", 0.0) < 0:
         parser.error(f"--weight-decay must be 0 or more. Received: {args.weight_decay}")
+    if not 0 <= args.ema_momentum < 1:
+        parser.error(
+            f"--ema-momentum must be in [0, 1) (0: off). Received: {args.ema_momentum}"
+        )
     if args.epochs is None:
         args.epochs = 1 if args.smoke else args.default_epochs
     del args.default_epochs
@@ -554,7 +619,9 @@ def fit_within_budget(
     counts the optimizer steps of the whole run, resumed parts included.
     """
     budget = TimeBudget(args.time_budget, out / "budget.json")
-    callbacks = standard_callbacks(out, budget, monitor, mode=mode)
+    callbacks = standard_callbacks(
+        out, budget, monitor, mode=mode, ema=args.ema_momentum > 0
+    )
     if decay_alpha is not None:
         if not steps_per_epoch:
             raise ValueError(
