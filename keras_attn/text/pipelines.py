@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from keras_attn.datasets.splits import Document
@@ -252,6 +253,7 @@ def language_model_dataset(
     sample_weight: bool = False,
     drop_remainder: bool = False,
     document_tokens: bool = False,
+    stride: int | None = None,
 ) -> tf.data.Dataset:
     """Batches of `(inputs, targets)` windows of a token stream.
 
@@ -265,6 +267,21 @@ def language_model_dataset(
     which is what bits per character needs: `sum(loss over targets) / ln 2 /
     sum(len(text))`. The last window is padded with `PAD_ID` (0) inputs and
     targets; the loss must ignore target 0 (see the module doc).
+
+    In these windows the first target of a window is predicted from one
+    token, the last from `L`: about `L / 2` tokens of context on average.
+    For evaluation, `stride=S` gives every target more: windows of `L`
+    tokens start every `S` tokens, `inputs = t[kS : kS+L]`,
+    `targets = t[kS+1 : kS+L+1]`, and every window after the first scores
+    only its last `S` targets (its first `L - S` targets, already scored by
+    the window before, are set to `PAD_ID`). So every target is still scored
+    exactly once (bits per character as above) and every target after the
+    first window sees at least `L - S` tokens of context; the windows stop
+    at the first one that reaches the end of the stream, which is padded
+    like the last window above. That is about `L / S` times the windows (and
+    the compute) of `stride=None`; `stride=L` gives exactly the windows of
+    `stride=None`. With a stride, the whole token stream is tokenized once
+    when the dataset is built, and the dataset's `cardinality()` is known.
 
     Args:
         texts: a string, a `Document`, or a sequence of them (e.g. a split of
@@ -281,12 +298,24 @@ def language_model_dataset(
             `Document` in the stream, so that a model learns how texts begin
             and end (what a `score` of "the text given the start token, end
             token included" needs).
+        stride: `None` (default): windows that do not overlap. Or an int `S`
+            from 1 to `sequence_length`: a window every `S` tokens, scoring
+            its last `S` targets (strided evaluation, see above).
 
     Returns:
         A `tf.data.Dataset` of `int32` `([batch, L], [batch, L])`.
     """
     lines, starts, ends = _lines_with_boundaries(texts)
     _check_lengths(batch_size=batch_size, sequence_length=sequence_length)
+    if stride is not None and (
+        isinstance(stride, bool)
+        or not isinstance(stride, int)
+        or not 1 <= stride <= sequence_length
+    ):
+        raise ValueError(
+            "`stride` must be None or an int from 1 to `sequence_length` "
+            f"({sequence_length}). Received: {stride=}"
+        )
     length = sequence_length
 
     def tokenize(line_batch, starts, ends):
@@ -311,6 +340,36 @@ def language_model_dataset(
         .batch(TOKENIZE_BATCH)
         .map(tokenize, num_parallel_calls=AUTOTUNE, deterministic=True)
     )
+    if stride is not None:
+        dataset = _strided_windows(chunks, length, stride)
+    else:
+        dataset = _cut_windows(chunks, length)
+    dataset = dataset.map(
+        lambda inputs, targets: (
+            tf.ensure_shape(inputs, [length]),
+            tf.ensure_shape(targets, [length]),
+        )
+    )
+    if cache:
+        dataset = dataset.cache()
+    if shuffle:
+        # Windows are small: the buffer holds up to 100k (about 100 MB at L=256).
+        dataset = dataset.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if sample_weight:
+        dataset = dataset.map(
+            lambda inputs, targets: (
+                inputs,
+                targets,
+                tf.cast(targets != PAD_ID, tf.float32),
+            )
+        )
+    return _prefetch(dataset)
+
+
+def _cut_windows(chunks, length):
+    """Non-overlapping `(inputs, targets)` windows of the token chunks, cut
+    as the chunks stream by (`language_model_dataset` with `stride=None`)."""
     # A last, empty chunk flagged `True` flushes the final partial window.
     chunks = chunks.map(lambda tokens: (tokens, False)).concatenate(
         tf.data.Dataset.from_tensors((tf.zeros([0], tf.int32), True))
@@ -339,28 +398,36 @@ def language_model_dataset(
         )
         return (carried, inputs[cut:], targets[cut:]), emitted
 
-    dataset = chunks.scan((empty, empty, empty), cut_windows).unbatch()
-    dataset = dataset.map(
-        lambda inputs, targets: (
-            tf.ensure_shape(inputs, [length]),
-            tf.ensure_shape(targets, [length]),
+    return chunks.scan((empty, empty, empty), cut_windows).unbatch()
+
+
+def _strided_windows(chunks, length, stride):
+    """Windows of `length` tokens every `stride` tokens, each after the first
+    scoring only its last `stride` targets (`language_model_dataset` with a
+    stride). The token stream is tokenized once, here."""
+    tokens = np.concatenate([np.zeros([0], np.int32), *chunks.as_numpy_iterator()])
+    pairs = max(tokens.size - 1, 0)  # (input, target) pairs: t[j], t[j+1]
+    # The fewest windows whose last one reaches the last pair,
+    # (windows - 1) * stride + length >= pairs (`-(-a // b)`: a / b rounded up).
+    windows = 0 if pairs == 0 else 1 + max(0, -(-(pairs - length) // stride))
+    padded = (windows - 1) * stride + length if windows else 0  # >= pairs
+    inputs = np.full([padded], PAD_ID, np.int32)  # (padded,)
+    targets = np.full([padded], PAD_ID, np.int32)  # (padded,)
+    inputs[:pairs], targets[:pairs] = tokens[:-1], tokens[1:]
+    inputs, targets = tf.constant(inputs), tf.constant(targets)
+    positions = tf.range(length)
+
+    def window(index):
+        start = tf.cast(index, tf.int32) * stride
+        # The first `length - stride` targets of every window but the first
+        # were the last targets of the window before: not scored again.
+        scored = positions >= tf.where(index > 0, length - stride, 0)  # (L,)
+        return (
+            inputs[start : start + length],  # (L,)
+            tf.where(scored, targets[start : start + length], PAD_ID),  # (L,)
         )
-    )
-    if cache:
-        dataset = dataset.cache()
-    if shuffle:
-        # Windows are small: the buffer holds up to 100k (about 100 MB at L=256).
-        dataset = dataset.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    if sample_weight:
-        dataset = dataset.map(
-            lambda inputs, targets: (
-                inputs,
-                targets,
-                tf.cast(targets != PAD_ID, tf.float32),
-            )
-        )
-    return _prefetch(dataset)
+
+    return tf.data.Dataset.range(windows).map(window)
 
 
 def with_cardinality(dataset: tf.data.Dataset) -> tf.data.Dataset:

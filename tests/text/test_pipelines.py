@@ -1,6 +1,7 @@
 """`tf.data` pipelines: shapes, special tokens, truncation, bucketing, windows."""
 
 import collections
+import re
 import warnings
 
 import keras
@@ -228,6 +229,130 @@ def test_language_model_bad_input(lossless_tokenizer):
         language_model_dataset([1, 2], lossless_tokenizer)
     with pytest.raises(ValueError, match="sequence_length"):
         language_model_dataset("text", lossless_tokenizer, sequence_length=0)
+
+
+def windows(dataset):
+    """Every window of `dataset`, in order: `(inputs, targets)`, each `[W, L]`."""
+    inputs, targets = zip(*all_batches(dataset), strict=True)
+    return np.concatenate(inputs), np.concatenate(targets)
+
+
+# The stream below has 354 targets: 354 - L is not a multiple of S in most
+# of these, S == L in three, and L = 512 is longer than the whole stream.
+@pytest.mark.parametrize(
+    ("sequence_length", "stride"),
+    [(8, 8), (8, 3), (8, 1), (7, 2), (16, 5), (16, 16), (1, 1), (512, 128)],
+)
+def test_language_model_stride_scores_every_target_once_with_context(
+    lossless_tokenizer, play_text, sequence_length, stride
+):
+    length = sequence_length
+    texts = [Document("play", play_text), TRICKY_TEXT]
+    tokens = lossless_tokenizer.tokenize(play_text + TRICKY_TEXT).numpy()
+    count = len(tokens) - 1
+    # The windows' inputs: the stream but its last token, then padding.
+    padded_inputs = np.concatenate([tokens[:-1], np.full(length, PAD_ID)])
+    dataset = language_model_dataset(
+        texts,
+        lossless_tokenizer,
+        sequence_length=length,
+        batch_size=3,
+        shuffle=False,
+        stride=stride,
+    )
+    assert dataset.element_spec[0].shape.as_list() == [None, length]
+    assert dataset.element_spec[1].dtype == tf.int32
+    inputs, targets = windows(dataset)
+    assert inputs.dtype == targets.dtype == np.int32
+    scored_positions, scored_targets = [], []
+    for index, (window_inputs, window_targets) in enumerate(
+        zip(inputs, targets, strict=True)
+    ):
+        start = index * stride  # window k starts at stream position kS
+        np.testing.assert_array_equal(
+            window_inputs, padded_inputs[start : start + length]
+        )
+        offsets = np.flatnonzero(window_targets != PAD_ID)
+        assert offsets.size > 0  # no window without a target to score
+        for offset in offsets:
+            position = start + offset  # the target is tokens[position + 1]
+            scored_positions.append(position)
+            scored_targets.append(window_targets[offset])
+            # Its context in the window: the stream up to its input token.
+            context = window_inputs[: offset + 1]
+            np.testing.assert_array_equal(context, tokens[start : position + 1])
+            if index > 0:
+                assert (context != PAD_ID).sum() > length - stride
+    # Every target exactly once, in the stream's order.
+    assert scored_positions == list(range(count))
+    np.testing.assert_array_equal(scored_targets, tokens[1:])
+    if stride == length:
+        default_inputs, default_targets = windows(
+            language_model_dataset(
+                texts,
+                lossless_tokenizer,
+                sequence_length=length,
+                batch_size=3,
+                shuffle=False,
+            )
+        )
+        np.testing.assert_array_equal(inputs, default_inputs)
+        np.testing.assert_array_equal(targets, default_targets)
+
+
+def test_language_model_stride_keeps_the_other_options(lossless_tokenizer, play_text):
+    texts = [Document("play", play_text), TRICKY_TEXT]
+    stream = [
+        START_ID,
+        *lossless_tokenizer.tokenize(play_text).numpy().tolist(),
+        END_ID,
+        START_ID,
+        *lossless_tokenizer.tokenize(TRICKY_TEXT).numpy().tolist(),
+        END_ID,
+    ]
+
+    def strided(**options):
+        return language_model_dataset(
+            texts,
+            lossless_tokenizer,
+            sequence_length=12,
+            batch_size=4,
+            stride=5,
+            document_tokens=True,
+            **options,
+        )
+
+    ordered = strided(shuffle=False, cache=False)
+    inputs, targets = windows(ordered)
+    scored = targets[targets != PAD_ID]  # row by row: in the stream's order
+    assert scored.tolist() == stream[1:]
+
+    def rows(batches):
+        return [row.tobytes() for b in batches for row in np.concatenate(b[:2], axis=1)]
+
+    in_order = rows([(inputs, targets)])
+    shuffled = all_batches(strided(seed=1, sample_weight=True))
+    for _, batch_targets, weights in shuffled:
+        np.testing.assert_array_equal(
+            weights, (batch_targets != PAD_ID).astype("float32")
+        )
+    assert sorted(rows(shuffled)) == sorted(in_order) and rows(shuffled) != in_order
+
+    dropped = all_batches(strided(shuffle=False, drop_remainder=True))
+    assert len(in_order) % 4 and {b[0].shape for b in dropped} == {(4, 12)}
+    assert rows(dropped) == in_order[: len(in_order) // 4 * 4]
+
+    counted = with_cardinality(strided(seed=1))
+    assert int(counted.cardinality()) == len(all_batches(counted)) > 1
+
+
+@pytest.mark.parametrize("stride", [0, 9, -1, 2.0, True, "4"])
+def test_language_model_refuses_a_bad_stride(lossless_tokenizer, stride):
+    received = re.escape(f"Received: stride={stride!r}")
+    with pytest.raises(ValueError, match=rf"`stride` must be .*{received}"):
+        language_model_dataset(
+            "Some text.\n", lossless_tokenizer, sequence_length=8, stride=stride
+        )
 
 
 def test_pipelines_feed_model_fit(pairs, english_tokenizer, german_tokenizer):
