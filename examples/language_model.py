@@ -150,10 +150,12 @@ def load_data(args):
     return splits
 
 
-def token_nll(model, dataset):
+def token_nll(model, dataset, title="Scoring", verbose=2):
     """Total natural-log loss and count of the non-padding targets."""
     total, count = 0.0, 0
-    for inputs, targets in dataset:
+    batches = int(dataset.cardinality())
+    progress = training.progress_bar(title, batches if batches >= 0 else None, verbose)
+    for step, (inputs, targets) in enumerate(dataset, start=1):
         logits = model(inputs, training=False)
         log_probs = keras.ops.log_softmax(keras.ops.cast(logits, "float32"), axis=-1)
         targets = keras.ops.convert_to_tensor(targets)
@@ -163,6 +165,7 @@ def token_nll(model, dataset):
         valid = keras.ops.cast(keras.ops.not_equal(targets, 0), "float32")
         total -= float(keras.ops.sum(picked * valid))
         count += int(keras.ops.sum(valid))
+        progress.update(step)
     return total, count
 
 
@@ -237,18 +240,27 @@ def main(argv=None) -> dict:
 
     test_characters = sum(len(document.text) for document in splits.test)
     validation_characters = sum(len(d.text) for d in splits.validation)
+
     # Windows that do not overlap (as in training and in earlier runs), then
     # strided windows: every target scored once in both.
-    flat_nats, flat_tokens = token_nll(model, test_data)
-    flat_validation_nats, _ = token_nll(model, validation_data)
+    def score(split, data, windows="windows that do not overlap"):
+        return token_nll(
+            model, data, f"Scoring the {split} text ({windows})", args.verbose
+        )
+
+    flat_nats, flat_tokens = score("test", test_data)
+    flat_validation_nats, _ = score("validation", validation_data)
     if args.eval_stride == args.sequence_length:  # the same windows
         nats, tokens, validation_nats = flat_nats, flat_tokens, flat_validation_nats
     else:
-        nats, tokens = token_nll(
-            model, dataset(splits.test, False, stride=args.eval_stride)
+        strided = f"windows every {args.eval_stride} tokens"
+        nats, tokens = score(
+            "test", dataset(splits.test, False, stride=args.eval_stride), strided
         )
-        validation_nats, _ = token_nll(
-            model, dataset(splits.validation, False, stride=args.eval_stride)
+        validation_nats, _ = score(
+            "validation",
+            dataset(splits.validation, False, stride=args.eval_stride),
+            strided,
         )
     metrics = {
         "test_bits_per_character": nats / math.log(2) / test_characters,

@@ -210,7 +210,7 @@ def main(argv=None) -> dict:
                 validation_data=validation_data,
                 epochs=args.epochs,
                 callbacks=callbacks,
-                verbose=2,
+                verbose=args.verbose,
                 shuffle=False,  # the dataset shuffles itself
             )
             losses = history.history.get("loss") or [None]
@@ -226,12 +226,13 @@ def main(argv=None) -> dict:
         model = average_ensemble(members)
         if model is not members[0]:  # a lone member keeps its trained optimizer
             model.compile(loss="binary_crossentropy", metrics=["accuracy"])
-    test_accuracy = float(
-        model.evaluate(test_data, return_dict=True, verbose=0)["accuracy"]
-    )
-    validation_accuracy = float(
-        model.evaluate(validation_data, return_dict=True, verbose=0)["accuracy"]
-    )
+    accuracies = {}
+    for split, data in (("test", test_data), ("validation", validation_data)):
+        if args.verbose:
+            print(f"Evaluating the ensemble on the {split} split:", flush=True)
+        scores = model.evaluate(data, return_dict=True, verbose=args.verbose)
+        accuracies[split] = float(scores["accuracy"])
+    test_accuracy, validation_accuracy = accuracies["test"], accuracies["validation"]
     model.save(out / "model.keras")
 
     plots = []

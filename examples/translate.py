@@ -281,9 +281,11 @@ def main(argv=None) -> dict:
     # Validation figures are what configurations are chosen on; the test
     # split gives the reported figure and nothing else.
     validation = evaluate(
-        adapter, tokenizer, splits.validation[: args.test_sentences], args
+        adapter, tokenizer, splits.validation[: args.test_sentences], args, "validation"
     )
-    test = evaluate(adapter, tokenizer, splits.test[: args.test_sentences], args)
+    test = evaluate(
+        adapter, tokenizer, splits.test[: args.test_sentences], args, "test"
+    )
     sources, references, hypotheses = (
         test["sources"],
         test["references"],
@@ -349,7 +351,7 @@ def main(argv=None) -> dict:
     return metrics
 
 
-def evaluate(adapter, tokenizer, pairs, args):
+def evaluate(adapter, tokenizer, pairs, args, split="test"):
     """Beam-search `pairs`' sources and score them against their targets:
     sacrebleu BLEU and chrF on detokenized text, decoding time per sentence."""
     import sacrebleu
@@ -357,7 +359,9 @@ def evaluate(adapter, tokenizer, pairs, args):
     sources = [source for source, _ in pairs]
     references = [target for _, target in pairs]
     started = time.monotonic()
-    hypotheses = translate(adapter, tokenizer, sources, args)
+    hypotheses = translate(
+        adapter, tokenizer, sources, args, title=f"Translating the {split} split"
+    )
     decode_seconds = time.monotonic() - started
     bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
     return {
@@ -372,8 +376,9 @@ def evaluate(adapter, tokenizer, pairs, args):
     }
 
 
-def translate(adapter, tokenizer, sources, args, batch_size=64):
-    """Beam-search translations of `sources`, batched, as strings."""
+def translate(adapter, tokenizer, sources, args, batch_size=64, title="Translating"):
+    """Beam-search translations of `sources`, batched, as strings, with a
+    progress bar (`--verbose`) over the batches."""
     import tensorflow as tf
 
     # One trace for every batch: a fixed source width, any batch size.
@@ -386,11 +391,14 @@ def translate(adapter, tokenizer, sources, args, batch_size=64):
         input_signature=[tf.TensorSpec([None, args.max_length], tf.int32)],
     )
     hypotheses = []
-    for start in range(0, len(sources), batch_size):
+    batches = -(-len(sources) // batch_size)  # len / batch_size rounded up
+    progress = training.progress_bar(title, batches, args.verbose)
+    for step, start in enumerate(range(0, len(sources), batch_size), start=1):
         batch = sources[start : start + batch_size]
         ids = tokenizer.tokenize(batch)[:, : args.max_length]
         tokens, _ = decode(ids.to_tensor(shape=[None, args.max_length]))
         hypotheses += [t.decode("utf-8") for t in tokenizer.detokenize(tokens).numpy()]
+        progress.update(step)
     return hypotheses
 
 

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -458,6 +459,37 @@ def summary_table(rows: list[tuple[str, object]], title: str = "summary") -> str
     return "\n".join(lines)
 
 
+VERBOSE_CHOICES = ("auto", "1", "2")
+
+
+def resolve_verbosity(mode: str | int = "auto", stream=None) -> int:
+    """Keras' `verbose` for `fit`, `evaluate` and `Progbar` from `--verbose`.
+
+    `"auto"`: 1 (progress bars) when `stream` (default `sys.stdout`) is a
+    terminal, else 2 (one line per epoch or evaluation), so that log files
+    and CI output hold lines, not every redraw of a bar. Keras' own
+    progress bar takes any POSIX system for a terminal. `"1"`/`"2"` (or
+    the ints) are taken as they are.
+    """
+    if mode == "auto":
+        stream = sys.stdout if stream is None else stream
+        isatty = getattr(stream, "isatty", None)
+        return 1 if isatty is not None and isatty() else 2
+    if str(mode) not in VERBOSE_CHOICES[1:]:
+        raise ValueError(
+            f"`verbose` must be one of {VERBOSE_CHOICES}. Received: verbose={mode!r}"
+        )
+    return int(mode)
+
+
+def progress_bar(title: str, steps: int | None, verbose: int, unit: str = "batch"):
+    """A `keras.utils.Progbar` over `steps` (None: unknown), announced by
+    `title` on its own line, for the scripts' own evaluation loops."""
+    if verbose:
+        print(f"{title}:", flush=True)
+    return keras.utils.Progbar(steps, verbose=verbose, unit_name=unit)
+
+
 def add_run_arguments(
     parser, *, out: str, epochs: int, time_budget: float, batch_size: int
 ) -> None:
@@ -496,6 +528,14 @@ def add_run_arguments(
     )
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument(
+        "--verbose",
+        choices=VERBOSE_CHOICES,
+        default="auto",
+        help="progress of training and evaluation: 1, progress bars; 2, one "
+        "line per epoch and per evaluation; auto: 1 when standard output is a "
+        "terminal, else 2 (log files, CI)",
+    )
+    parser.add_argument(
         "--export-dir",
         default=None,
         help="TF Serving base directory (default: OUT/export)",
@@ -509,7 +549,8 @@ def add_run_arguments(
 
 
 def parse_run_args(parser, argv=None):
-    """Parse, give `--epochs` its default (1 with `--smoke`), turn
+    """Parse, give `--epochs` its default (1 with `--smoke`), resolve
+    `--verbose` to Keras' 1 or 2, turn
     `--time-budget 0` into no budget (`None`) and refuse out-of-range
     `--time-budget`, `--lr-hold`, `--weight-decay` and `--ema-momentum`."""
     args = parser.parse_args(argv)
@@ -532,6 +573,7 @@ def parse_run_args(parser, argv=None):
         parser.error(
             f"--ema-momentum must be in [0, 1) (0: off). Received: {args.ema_momentum}"
         )
+    args.verbose = resolve_verbosity(args.verbose)
     if args.epochs is None:
         args.epochs = 1 if args.smoke else args.default_epochs
     del args.default_epochs
@@ -644,7 +686,7 @@ def fit_within_budget(
         validation_data=validation_data,
         epochs=args.epochs,
         callbacks=callbacks,
-        verbose=2,
+        verbose=getattr(args, "verbose", 2),
         # The datasets shuffle themselves; Keras would warn that it ignores
         # `shuffle=True` (its default) for a `tf.data.Dataset`.
         shuffle=False,

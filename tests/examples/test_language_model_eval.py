@@ -48,6 +48,8 @@ def test_smoke_run_records_strided_and_nonoverlapping_figures(tmp_path):
         "--no-export",
         "--eval-stride",
         8,
+        "--verbose",
+        1,
         "--out",
         out,
     )
@@ -64,5 +66,14 @@ def test_smoke_run_records_strided_and_nonoverlapping_figures(tmp_path):
         assert math.isfinite(metrics[name]) and metrics[name] > 0, name
     # Every test target is scored once in both evaluations.
     assert metrics["test_tokens"] == metrics["test_tokens_nonoverlapping"] > 0
+    # --verbose 1: progress bars (the bar's glyph), for training and for
+    # each scoring pass.
+    assert "\u2501" in stdout
+    for heading in (
+        "Scoring the test text (windows that do not overlap):",
+        "Scoring the test text (windows every 8 tokens):",
+        "Scoring the validation text (windows every 8 tokens):",
+    ):
+        assert heading in stdout
     assert "test bits per character (stride 8)" in stdout
     assert "test bits per character (non-overlapping)" in stdout

@@ -3,6 +3,7 @@ small fixture files (the real corpora are fetched only by `large` tests)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,14 +89,24 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
     assert sorted(p.name for p in (out / "plots").iterdir())[0] == "review_0.png"
     assert (out / "members" / "1" / "logs").is_dir()  # TensorBoard
     assert "test accuracy" in stdout
+    # Not a terminal: --verbose auto prints one line per epoch and per
+    # evaluation, no redrawn progress bars.
+    assert re.search(r"^\d+/\d+ - \d+s - .* - val_accuracy: ", stdout, re.M)
+    for split in ("test", "validation"):
+        heading = f"Evaluating the ensemble on the {split} split:\n"
+        assert re.search(heading + r"\d+/\d+ - \d+s - .*accuracy", stdout), split
+    assert "\r" not in stdout and "\u2501" not in stdout  # the bar's glyph
 
 
 def test_translate_smoke(tmp_path):
     out = tmp_path / "run"
-    run_script(
+    stdout = run_script(
         "translate.py", "--smoke", "--data", FIXTURES / "de_en_pairs.tsv", "--out", out
     )
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    for split in ("validation", "test"):  # one line each when not on a terminal
+        heading = f"Translating the {split} split:\n"
+        assert re.search(heading + r"\d+/\d+ - \d+s - ", stdout), split
     assert {"test_bleu", "test_chrf", "decode_ms_per_sentence"} <= set(metrics)
     assert {"validation_bleu", "validation_chrf"} <= set(metrics)
     assert metrics["validation_sentences"] > 0
