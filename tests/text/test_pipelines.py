@@ -356,9 +356,13 @@ def test_language_model_refuses_a_bad_stride(lossless_tokenizer, stride):
 
 
 def test_pipelines_feed_model_fit(pairs, english_tokenizer, german_tokenizer):
-    """A masked toy model trains on the translation batches (padding ignored)."""
-    dataset = translation_dataset(
-        pairs, english_tokenizer, german_tokenizer, batch_size=16, max_length=16
+    """A masked toy model trains on the translation batches (padding ignored),
+    fed as README shows: counted, and not reshuffled by `fit`, with no warning
+    from Keras."""
+    dataset = with_cardinality(
+        translation_dataset(
+            pairs, english_tokenizer, german_tokenizer, batch_size=16, max_length=16
+        )
     )
     vocabulary = german_tokenizer.vocabulary_size
     encoder = keras.Input(shape=(None,), dtype="int32", name="encoder_inputs")
@@ -376,7 +380,9 @@ def test_pipelines_feed_model_fit(pairs, english_tokenizer, german_tokenizer):
         "adam",
         keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
     )
-    history = model.fit(dataset, epochs=2, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "ran out of data", "shuffle=True ignored"
+        history = model.fit(dataset, epochs=2, verbose=0, shuffle=False)
     assert np.isfinite(history.history["loss"]).all()
 
 
