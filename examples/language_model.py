@@ -240,6 +240,10 @@ def main(argv=None) -> dict:
 
     test_characters = sum(len(document.text) for document in splits.test)
     validation_characters = sum(len(d.text) for d in splits.validation)
+    strided = args.eval_stride != args.sequence_length
+
+    def bits_per_character(nats, characters):
+        return nats / math.log(2) / characters
 
     # Windows that do not overlap (as in training and in earlier runs), then
     # strided windows: every target scored once in both.
@@ -250,35 +254,35 @@ def main(argv=None) -> dict:
 
     flat_nats, flat_tokens = score("test", test_data)
     flat_validation_nats, _ = score("validation", validation_data)
-    if args.eval_stride == args.sequence_length:  # the same windows
+    if not strided:  # the same windows
         nats, tokens, validation_nats = flat_nats, flat_tokens, flat_validation_nats
     else:
-        strided = f"windows every {args.eval_stride} tokens"
+        windows = f"windows every {args.eval_stride} tokens"
         nats, tokens = score(
-            "test", dataset(splits.test, False, stride=args.eval_stride), strided
+            "test", dataset(splits.test, False, stride=args.eval_stride), windows
         )
         validation_nats, _ = score(
             "validation",
             dataset(splits.validation, False, stride=args.eval_stride),
-            strided,
+            windows,
         )
     metrics = {
-        "test_bits_per_character": nats / math.log(2) / test_characters,
+        "test_bits_per_character": bits_per_character(nats, test_characters),
         "test_perplexity": math.exp(nats / tokens),
         "test_tokens": tokens,
         "test_characters": test_characters,
-        "validation_bits_per_character": validation_nats
-        / math.log(2)
-        / validation_characters,
+        "validation_bits_per_character": bits_per_character(
+            validation_nats, validation_characters
+        ),
         "eval_stride": args.eval_stride,
-        "test_bits_per_character_nonoverlapping": flat_nats
-        / math.log(2)
-        / test_characters,
+        "test_bits_per_character_nonoverlapping": bits_per_character(
+            flat_nats, test_characters
+        ),
         "test_perplexity_nonoverlapping": math.exp(flat_nats / flat_tokens),
         "test_tokens_nonoverlapping": flat_tokens,
-        "validation_bits_per_character_nonoverlapping": flat_validation_nats
-        / math.log(2)
-        / validation_characters,
+        "validation_bits_per_character_nonoverlapping": bits_per_character(
+            flat_validation_nats, validation_characters
+        ),
         "train_seconds": train_seconds,
         "stopped_by_time_budget": budget.stopped_early,
         "steps_per_epoch": steps_per_epoch,
@@ -301,15 +305,17 @@ def main(argv=None) -> dict:
         out, metrics, vars(args), environment, {"splits": splits.counts()}
     )
     print(samples)
-    bits_rows = [("test bits per character", metrics["test_bits_per_character"])]
-    if args.eval_stride != args.sequence_length:
-        bits_rows = [
-            (f"test bits per character (stride {args.eval_stride})", bits_rows[0][1]),
+    stride_label = f" (stride {args.eval_stride})" if strided else ""
+    bits_rows = [
+        (f"test bits per character{stride_label}", metrics["test_bits_per_character"])
+    ]
+    if strided:
+        bits_rows.append(
             (
                 "test bits per character (non-overlapping)",
                 metrics["test_bits_per_character_nonoverlapping"],
-            ),
-        ]
+            )
+        )
     print(
         training.summary_table(
             [
