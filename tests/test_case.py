@@ -310,3 +310,101 @@ class TestCase(parameterized.TestCase):
         self.assertEqual(len(got), len(expected))
         for g, e in zip(got, expected, strict=True):
             np.testing.assert_allclose(g, e, atol=1e-5, rtol=1e-5)
+
+
+# -- tiny BERT checkpoints, in Hugging Face's layout -----------------------------
+
+BERT_VOCABULARY = [
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+    "the", "film", "plot", "is", "a", "great", "dull", "and", "but", "not",
+    "un", "##aff", "##able", "!", ".", ",", "cafe", "fun", "##ny", "boring",
+    "movie", "##s", "very", "good", "bad", "acting", "script",
+]  # fmt: skip
+
+
+def write_safetensors(path, tensors: dict) -> None:
+    """A `.safetensors` file, written from the format's specification: an
+    8-byte little-endian header size, a JSON header, the raw data."""
+    codes = {"float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32"}
+    header, chunks, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        data = array.astype(array.dtype.newbyteorder("<")).tobytes()
+        header[name] = {
+            "dtype": codes[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        chunks.append(data)
+        offset += len(data)
+    encoded = json.dumps(header).encode("utf-8")
+    with open(path, "wb") as file:
+        file.write(len(encoded).to_bytes(8, "little") + encoded + b"".join(chunks))
+
+
+def bert_weights(config: dict, seed: int = 0) -> dict:
+    """Random weights with BERT's names and PyTorch's (out, in) shapes."""
+    rng = np.random.default_rng(seed)
+    d, ff = config["hidden_size"], config["intermediate_size"]
+
+    def normal(*shape, scale=0.2):
+        return (scale * rng.standard_normal(shape)).astype("float32")
+
+    weights = {
+        "embeddings.position_ids": np.arange(
+            config["max_position_embeddings"], dtype="int64"
+        )[None],
+        "embeddings.word_embeddings.weight": normal(config["vocab_size"], d),
+        "embeddings.position_embeddings.weight": normal(
+            config["max_position_embeddings"], d
+        ),
+        "embeddings.token_type_embeddings.weight": normal(2, d),
+        "embeddings.LayerNorm.weight": 1 + normal(d, scale=0.1),
+        "embeddings.LayerNorm.bias": normal(d, scale=0.1),
+    }
+    for index in range(config["num_hidden_layers"]):
+        prefix = f"encoder.layer.{index}."
+        for part in ("query", "key", "value"):
+            weights[f"{prefix}attention.self.{part}.weight"] = normal(d, d)
+            weights[f"{prefix}attention.self.{part}.bias"] = normal(d)
+        for part, shape in (
+            ("attention.output.dense", (d, d)),
+            ("intermediate.dense", (ff, d)),
+            ("output.dense", (d, ff)),
+        ):
+            weights[f"{prefix}{part}.weight"] = normal(*shape)
+            weights[f"{prefix}{part}.bias"] = normal(shape[0])
+        for part in ("attention.output", "output"):
+            weights[f"{prefix}{part}.LayerNorm.weight"] = 1 + normal(d, scale=0.1)
+            weights[f"{prefix}{part}.LayerNorm.bias"] = normal(d, scale=0.1)
+    return weights
+
+
+def write_bert_checkpoint(directory, seed: int = 0, **config_overrides):
+    """A small random BERT checkpoint directory (config.json, vocab.txt,
+    model.safetensors, tokenizer_config.json); returns its path."""
+    os.makedirs(directory, exist_ok=True)
+    config = {
+        "model_type": "bert",
+        "hidden_act": "gelu",
+        "position_embedding_type": "absolute",
+        "hidden_size": 16,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 24,
+        "vocab_size": len(BERT_VOCABULARY),
+        "layer_norm_eps": 1e-12,
+        "type_vocab_size": 2,
+        **config_overrides,
+    }
+    with open(os.path.join(directory, "config.json"), "w") as file:
+        json.dump(config, file)
+    with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as file:
+        file.write("".join(f"{piece}\n" for piece in BERT_VOCABULARY))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as file:
+        json.dump({"do_lower_case": True}, file)
+    write_safetensors(
+        os.path.join(directory, "model.safetensors"), bert_weights(config, seed)
+    )
+    return directory

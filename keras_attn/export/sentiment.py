@@ -16,18 +16,21 @@ from keras_attn.export._common import (
     write_export,
 )
 from keras_attn.text.tokenizer import SubwordTokenizer
+from keras_attn.text.wordpiece import WordPieceTokenizer
 
 LABELS = ("negative", "positive")
 
 
 def sentiment_serving_fn(
     model: keras.Model,
-    tokenizer: SubwordTokenizer,
+    tokenizer: SubwordTokenizer | WordPieceTokenizer,
     max_length: int,
     threshold: float = 0.5,
 ):
     """The `serving_default` function: strings -> probability and label."""
-    tokenizer = SubwordTokenizer(tokenizer.proto, sequence_length=max_length)
+    # The same tokenizer, giving dense ids of `max_length` tokens.
+    config = {**tokenizer.get_config(), "sequence_length": max_length}
+    tokenizer = type(tokenizer).from_config(config)
     labels = tf.constant(LABELS)
 
     def serve(text):
@@ -43,7 +46,7 @@ def sentiment_serving_fn(
 
 def export_sentiment(
     model: keras.Model,
-    tokenizer: SubwordTokenizer,
+    tokenizer: SubwordTokenizer | WordPieceTokenizer,
     base_dir,
     model_name: str = "sentiment",
     version: int | None = None,
@@ -58,6 +61,9 @@ def export_sentiment(
     `"positive"` when the probability exceeds `threshold`, else
     `"negative"`). Texts are cleaned (invalid UTF-8 replaced) and truncated to
     `max_length` tokens; empty and whitespace-only texts are valid inputs.
+    The tokenizer (SentencePiece, or a pretrained encoder's WordPiece) runs
+    inside the graph; its vocabulary is also written to `assets/`
+    (`sentiment.model` or `vocab.txt`) for reference.
     `assets.extra/keras_attn.json` records the configuration and the outputs of
     sample requests computed here, which `check_servable` compares against.
 
@@ -85,6 +91,7 @@ def export_sentiment(
         "threshold": threshold,
         "labels": list(LABELS),
         "vocabulary_size": tokenizer.vocabulary_size,
+        "tokenizer": type(tokenizer).__name__,
         "signatures": {
             "serving_default": {
                 "inputs": {"text": "string [batch]"},
@@ -97,15 +104,18 @@ def export_sentiment(
         "samples": samples,
         "sample_outputs": run_samples(signatures, samples),
     }
-    vocab_file = {"sentiment.model": _write_proto(tokenizer, path.parent)}
+    name, vocab_file = _write_vocabulary(tokenizer, path.parent)
     try:
-        return write_export(archive, path, metadata, vocab_file)
+        return write_export(archive, path, metadata, {name: vocab_file})
     finally:
-        Path(vocab_file["sentiment.model"]).unlink(missing_ok=True)
+        Path(vocab_file).unlink(missing_ok=True)
 
 
-def _write_proto(tokenizer: SubwordTokenizer, directory: Path) -> str:
+def _write_vocabulary(tokenizer, directory: Path) -> tuple[str, str]:
+    """`(asset name, temporary file)` holding the tokenizer's vocabulary."""
     directory.mkdir(parents=True, exist_ok=True)
+    if isinstance(tokenizer, WordPieceTokenizer):
+        return "vocab.txt", str(tokenizer.save_vocabulary(directory / ".vocab.txt.tmp"))
     target = directory / ".sentiment.model.tmp"
     target.write_bytes(tokenizer.proto)
-    return str(target)
+    return "sentiment.model", str(target)

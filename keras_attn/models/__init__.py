@@ -1,5 +1,13 @@
 """Model builders returning `keras.Model`s built from keras_attn's layers."""
 
+from keras_attn.models.pretrained import (
+    BertCheckpoint,
+    bert_sentiment_classifier,
+    fetch_minilm,
+    load_bert_checkpoint,
+    load_bert_weights,
+    load_minilm,
+)
 from keras_attn.models.rnn_translator import (
     BahdanauDecoder,
     rnn_translator,
@@ -8,6 +16,7 @@ from keras_attn.models.rnn_translator import (
 )
 from keras_attn.models.sentiment_classifier import (
     sentiment_classifier,
+    sentiment_self_attention,
     sentiment_token_weights,
 )
 from keras_attn.models.transformer import (
@@ -21,11 +30,18 @@ from keras_attn.models.translator import TranslatorAdapter, translator_adapter
 
 __all__ = [
     "BahdanauDecoder",
+    "BertCheckpoint",
     "TranslatorAdapter",
+    "bert_sentiment_classifier",
+    "fetch_minilm",
+    "load_bert_checkpoint",
+    "load_bert_weights",
+    "load_minilm",
     "rnn_translator",
     "rnn_translator_alignment",
     "rnn_translator_decoding",
     "sentiment_classifier",
+    "sentiment_self_attention",
     "sentiment_token_weights",
     "transformer_language_model",
     "transformer_language_model_decoding",

@@ -73,12 +73,14 @@ def stack_blocks(
     normalize_first,
     final_norm_name,
     context=None,
+    **block_kwargs,
 ):
     """`count` blocks named `{prefix}_{i}` over `x`, then, for pre-norm
     blocks, a final `LayerNormalization` named `final_norm_name`.
 
     `context` (an encoder sequence) is passed to every block when given: the
-    decoder blocks of a translator.
+    decoder blocks of a translator. `block_kwargs` (`activation`,
+    `layer_norm_epsilon`, ...) go to every block.
     """
     for index in range(count):
         block = block_class(
@@ -87,8 +89,10 @@ def stack_blocks(
             dropout=dropout,
             normalize_first=normalize_first,
             name=f"{prefix}_{index}",
+            **block_kwargs,
         )
         x = block(x) if context is None else block(x, context)
     if normalize_first:
-        x = keras.layers.LayerNormalization(epsilon=1e-5, name=final_norm_name)(x)
+        epsilon = block_kwargs.get("layer_norm_epsilon", 1e-5)
+        x = keras.layers.LayerNormalization(epsilon=epsilon, name=final_norm_name)(x)
     return x

@@ -24,6 +24,9 @@ def sentiment_classifier(
     pooling: str = "mean",
     position: str = "sinusoidal",
     normalize_first: bool = False,
+    activation="relu",
+    layer_norm_epsilon: float = 1e-5,
+    embedding_norm: bool = False,
     name: str = "sentiment_classifier",
 ) -> keras.Model:
     """The attention-based sequence encoder of the lectures, with a sigmoid output.
@@ -45,6 +48,14 @@ def sentiment_classifier(
         pooling: `"mean"` or `"attention"`.
         position: `"sinusoidal"` or `"learned"`.
         normalize_first: pre-norm encoder blocks.
+        activation: activation of the blocks' feed-forward networks.
+        layer_norm_epsilon: epsilon of the layer norms.
+        embedding_norm: normalize the embeddings (`LayerNormalization` named
+            `embedding_norm`, before the embedding dropout), as BERT does.
+            With `position="learned"`, `activation="gelu"` and
+            `layer_norm_epsilon=1e-12` the model has BERT's layout, and
+            `keras_attn.models.bert_sentiment_classifier` loads a pretrained
+            BERT-style encoder into it.
         name: model name.
     """
     v.check_choice("pooling", pooling, POOLINGS)
@@ -59,6 +70,10 @@ def sentiment_classifier(
         mask_zero=True,
         name="embedding",
     )(token_ids)  # (B, T, d), Keras mask token_ids != 0
+    if embedding_norm:
+        x = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, name="embedding_norm"
+        )(x)
     x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
     x = stack_blocks(
         x,
@@ -70,6 +85,8 @@ def sentiment_classifier(
         dropout=dropout,
         normalize_first=normalize_first,
         final_norm_name="final_norm",
+        activation=activation,
+        layer_norm_epsilon=layer_norm_epsilon,
     )
     if pooling == "mean":
         pooled = keras.layers.GlobalAveragePooling1D(name="pooling")(x)  # masked mean
@@ -110,3 +127,36 @@ def sentiment_token_weights(model: keras.Model):
         return keras.ops.cast(weights, "float32")
 
     return token_weights
+
+
+def sentiment_self_attention(model: keras.Model, layer: int = -1):
+    """`self_attention(token_ids) -> (batch, heads, T, T)` float32 weights of
+    one encoder block of a `sentiment_classifier` (`layer`: its index, the
+    last by default), for plots of models without attention pooling.
+
+    Row `i` holds how query token `i` spreads its attention over the tokens;
+    padding tokens (id 0) get no attention, and their own rows are zeros.
+    """
+    count = sum(1 for item in model.layers if item.name.startswith("encoder_"))
+    index = layer + count if layer < 0 else layer
+    if not 0 <= index < count:
+        raise ValueError(
+            f"`layer` must index one of the model's {count} encoder blocks. "
+            f"Received: layer={layer}"
+        )
+    block = model.get_layer(f"encoder_{index}")
+    sequence = block.input
+    if isinstance(sequence, (list, tuple)):
+        sequence = sequence[0]
+    below = keras.Model(model.input, sequence)
+
+    def self_attention(token_ids):
+        token_ids = keras.ops.convert_to_tensor(token_ids, "int32")
+        _, weights = block(
+            below(token_ids),
+            padding_mask=keras.ops.not_equal(token_ids, 0),
+            return_attention_scores=True,
+        )
+        return keras.ops.cast(weights, "float32")
+
+    return self_attention

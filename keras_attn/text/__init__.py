@@ -4,6 +4,9 @@
   on a training split, saved as `path` (+ a readable `.vocab` file).
 - `SubwordTokenizer(path)`: a Keras layer that tokenizes and detokenizes with
   TensorFlow Text ops only (runs in `tf.function`, `tf.data`, SavedModels).
+- `WordPieceTokenizer(vocabulary)`: BERT's tokenizer (`[CLS] pieces [SEP]`),
+  for pretrained encoders (`keras_attn.models.load_minilm`), on TensorFlow
+  Text ops too.
 - `translation_dataset`, `classification_dataset`, `language_model_dataset`:
   batched, padded (id 0), bucketed, cached, shuffled and prefetched
   `tf.data.Dataset`s for `model.fit`.
@@ -28,6 +31,7 @@ from keras_attn.text.vocabulary import (
     UNK_ID,
     train_subword_vocabulary,
 )
+from keras_attn.text.wordpiece import WordPieceTokenizer
 
 __all__ = [
     "END_ID",
@@ -35,6 +39,7 @@ __all__ = [
     "START_ID",
     "UNK_ID",
     "SubwordTokenizer",
+    "WordPieceTokenizer",
     "classification_dataset",
     "language_model_dataset",
     "train_subword_vocabulary",

@@ -117,3 +117,57 @@ def test_extra_domains_bad_values(argv, message, capsys):
         load_script("sentiment").parse_args(argv)
     error = capsys.readouterr().err
     assert "--extra-domains" in error and message in error
+
+
+def test_sentiment_defaults_follow_the_encoder():
+    script = load_script("sentiment")
+    pretrained = script.parse_args([])
+    assert pretrained.pretrained == "minilm"
+    assert (pretrained.learning_rate, pretrained.ensemble, pretrained.epochs) == (
+        5e-5,
+        1,
+        3,
+    )
+    assert (pretrained.pooling, pretrained.dropout) == ("mean", 0.1)
+    assert pretrained.embedding_dim is None  # fixed by the encoder
+    scratch = script.parse_args(["--pretrained", "none"])
+    assert (scratch.learning_rate, scratch.ensemble, scratch.epochs) == (1e-3, 5, 10)
+    assert (scratch.pooling, scratch.dropout) == ("attention", 0.3)
+    assert (scratch.vocabulary_size, scratch.embedding_dim, scratch.num_layers) == (
+        8000,
+        128,
+        1,
+    )
+    # What is given wins; --smoke trains one epoch.
+    given = script.parse_args(["--learning-rate", "2e-5", "--epochs", "2"])
+    assert (given.learning_rate, given.epochs) == (2e-5, 2)
+    assert script.parse_args(["--smoke"]).epochs == 1
+    assert (
+        script.parse_args(["--pretrained", "none", "--num-layers", "2"]).num_layers == 2
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--embedding-dim", "64"],
+            "--embedding-dim set the size of a classifier trained from scratch "
+            "(--pretrained none); a pretrained encoder fixes it. Received: "
+            "--embedding-dim with --pretrained minilm",
+        ),
+        (
+            ["--vocabulary-size", "400", "--num-heads", "2"],
+            "--vocabulary-size, --num-heads set the size",
+        ),
+        (
+            ["--pretrained", "no/such/dir"],
+            "--pretrained takes minilm, none or a BERT checkpoint directory. "
+            "Received: 'no/such/dir' (not a directory)",
+        ),
+    ],
+)
+def test_sentiment_refuses_mismatched_encoder_options(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load_script("sentiment").parse_args(argv)
+    assert message in capsys.readouterr().err

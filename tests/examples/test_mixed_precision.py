@@ -78,6 +78,8 @@ def test_sentiment_script_float16_trains_with_loss_scaling(
     load_sentiment_script().main(
         [
             "--smoke",
+            "--pretrained",
+            "none",
             "--data",
             str(reviews_file),
             "--out",
@@ -213,6 +215,8 @@ def test_sentiment_bfloat16_reaches_float32_accuracy(tmp_path):
     seeds and configuration, 5 epochs each (no early stopping, no time
     budget), so both take the same optimizer steps."""
     common = [
+        "--pretrained",
+        "none",  # the from-scratch classifier, as these figures were measured
         "--ensemble",
         "1",
         "--epochs",

@@ -40,6 +40,7 @@ TRAIN_SENTENCES = 32  # 4 full global batches per epoch
 TIMEOUT = 300  # seconds, for all the runs together
 
 COMMON = [
+    "--pretrained", "none",
     "--ensemble", 1, "--dropout", 0, "--mixed-precision", "off", "--no-export",
     "--epochs", 2, "--seed", 1337, "--vocabulary-size", 300,
     "--embedding-dim", 16, "--num-heads", 2, "--intermediate-dim", 32,

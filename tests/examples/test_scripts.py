@@ -75,6 +75,8 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
     stdout = run_script(
         "sentiment.py",
         "--smoke",
+        "--pretrained",
+        "none",
         "--data",
         sentiment_file,
         "--out",
@@ -186,3 +188,65 @@ def test_language_model_resumes_after_a_kill(tmp_path):
     got = json.loads((out / "metrics.json").read_text())["metrics"]
     assert want["optimizer_steps"] >= 4 * want["steps_per_epoch"] > 0
     assert got["optimizer_steps"] == want["optimizer_steps"]
+
+
+def test_sentiment_smoke_fine_tunes_a_pretrained_checkpoint(sentiment_file, tmp_path):
+    from tests.test_case import write_bert_checkpoint
+
+    checkpoint = write_bert_checkpoint(tmp_path / "bert", max_position_embeddings=40)
+    out = tmp_path / "run"
+    stdout = run_script(
+        "sentiment.py",
+        "--smoke",
+        "--pretrained",
+        checkpoint,
+        "--data",
+        sentiment_file,
+        "--epochs",
+        3,
+        "--out",
+        out,
+    )
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["pretrained"] == str(checkpoint)
+    assert metrics["config"]["learning_rate"] == 5e-5
+    assert 0.0 <= metrics["metrics"]["test_accuracy"] <= 1.0
+    vocabulary = (checkpoint / "vocab.txt").read_text()
+    assert (out / "vocab" / "vocab.txt").read_text() == vocabulary
+    export = out / "export" / "sentiment" / "1"
+    assert (export / "assets" / "vocab.txt").read_text() == vocabulary
+    # Warm-up, then the cosine decay: the rate of the last epoch is the lowest.
+    rates = [float(r) for r in re.findall(r"learning_rate: (\S+)", stdout)]
+    assert len(rates) == 3 and rates[-1] < min(rates[:-1])
+    # Mean pooling: the plots show the last block's self-attention.
+    assert sorted(p.name for p in (out / "plots").iterdir())[0] == "review_0.png"
+
+
+def test_sentiment_refuses_inputs_longer_than_the_encoders_positions(
+    sentiment_file, tmp_path
+):
+    from tests.test_case import write_bert_checkpoint
+
+    checkpoint = write_bert_checkpoint(tmp_path / "bert", max_position_embeddings=24)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "sentiment.py"),
+            "--smoke",
+            "--pretrained",
+            str(checkpoint),
+            "--data",
+            str(sentiment_file),
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert result.returncode != 0
+    assert (
+        "--max-length must be at most the pretrained encoder's 24 positions. "
+        "Received: --max-length 32"
+    ) in result.stderr

@@ -141,3 +141,36 @@ def test_check_prints_rest_requests_and_the_served_responses(exported):
     assert "POST /v1/models/sentiment:predict" in str(report)
     with pytest.raises(ValueError, match="examples"):
         check_servable(path, verbose=False, examples="one string")
+
+
+def test_pretrained_encoder_exports_with_its_wordpiece_tokenizer(tmp_path):
+    from keras_attn.models import bert_sentiment_classifier, load_bert_checkpoint
+    from tests.test_case import write_bert_checkpoint
+
+    checkpoint = load_bert_checkpoint(write_bert_checkpoint(tmp_path / "bert"))
+    model = bert_sentiment_classifier(checkpoint)
+    tokenizer = checkpoint.tokenizer(max_length=MAX_LENGTH)
+    path = export_sentiment(
+        model, tokenizer, tmp_path / "export", max_length=MAX_LENGTH
+    )
+    assert (path / "assets" / "vocab.txt").read_text().splitlines() == (
+        checkpoint.vocabulary
+    )
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["tokenizer"] == "WordPieceTokenizer"
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+    texts = ["The film is great!", "a dull, boring plot " * 5, ""]
+    outputs = serve(text=tf.constant(texts))
+    # [CLS] pieces [SEP], truncated to MAX_LENGTH with [SEP] kept last.
+    ids = tokenizer.tokenize(texts).to_tensor(shape=[None, MAX_LENGTH])
+    assert ids.numpy()[1, -1] == tokenizer.sep_id
+    expected = np.asarray(model(ids))[:, 0]
+    np.testing.assert_allclose(
+        outputs["positive_probability"].numpy(), expected, atol=1e-5
+    )
+    batch = nasty_batch()
+    probability = serve(text=tf.constant(batch))["positive_probability"].numpy()
+    assert probability.shape == (len(batch),) and np.isfinite(probability).all()
+    report = check_servable(path, verbose=False, examples=texts[:1])
+    assert report.ok, str(report)
+    assert report.text_ops == ["FastBertNormalize", "FastWordpieceTokenizeWithOffsets"]

@@ -4,6 +4,7 @@ import pytest
 
 from keras_attn.models.sentiment_classifier import (
     sentiment_classifier,
+    sentiment_self_attention,
     sentiment_token_weights,
 )
 from tests.test_case import to_numpy
@@ -34,6 +35,38 @@ def test_padding_does_not_change_the_prediction(pooling):
     else:
         with pytest.raises(ValueError, match="pooling='attention'"):
             sentiment_token_weights(model)
+
+
+@pytest.mark.parametrize("embedding_norm", [False, True])
+def test_self_attention_of_an_encoder_block(embedding_norm):
+    model = sentiment_classifier(
+        20,
+        8,
+        embedding_dim=8,
+        num_layers=2,
+        num_heads=2,
+        intermediate_dim=16,
+        embedding_norm=embedding_norm,
+    )
+    assert ("embedding_norm" in [layer.name for layer in model.layers]) is (
+        embedding_norm
+    )
+    last = to_numpy(sentiment_self_attention(model)(TOKENS))
+    assert last.shape == (2, 2, 5, 5)
+    np.testing.assert_allclose(last[0, :, :3].sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(last[0, :, :, 3:], 0.0)  # padding as keys
+    np.testing.assert_array_equal(last[0, :, 3:], 0.0)  # padding as queries
+    # The block's own weights on its real input: layer 1 sees layer 0's output.
+    below = keras.Model(model.input, model.get_layer("encoder_0").output)
+    _, expected = model.get_layer("encoder_1")(
+        below(TOKENS), padding_mask=TOKENS != 0, return_attention_scores=True
+    )
+    np.testing.assert_allclose(last, to_numpy(expected), atol=1e-6)
+    first = to_numpy(sentiment_self_attention(model, layer=0)(TOKENS))
+    assert not np.allclose(first, last)
+    for layer in (2, -3):
+        with pytest.raises(ValueError, match="one of the model's 2 encoder blocks"):
+            sentiment_self_attention(model, layer=layer)
 
 
 def test_learns_a_token_rule_and_round_trips(tmp_path):

@@ -240,6 +240,8 @@ def test_sentiment_script_validates_and_stops_with_the_average(tmp_path, monkeyp
     load_sentiment_script().main(
         [
             "--smoke",
+            "--pretrained",
+            "none",
             "--data",
             str(write_reviews(tmp_path / "reviews.tsv", 320)),
             "--out",

@@ -1,0 +1,259 @@
+"""`WordPieceTokenizer`: BERT's tokenizer as a Keras layer on TensorFlow Text ops."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from keras_attn.text.vocabulary import PAD_ID
+
+CLS_TOKEN = "[CLS]"
+SEP_TOKEN = "[SEP]"
+PAD_TOKEN = "[PAD]"
+UNK_TOKEN = "[UNK]"
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class WordPieceTokenizer(keras.layers.Layer):
+    """The tokenizer of a pretrained BERT-style encoder, `[CLS] pieces [SEP]`.
+
+    Wraps `tensorflow_text.FastBertTokenizer` (BERT's basic tokenization:
+    Unicode normalization, lower-casing and accent stripping when
+    `lowercase`, splits on whitespace and punctuation; then greedy
+    longest-match WordPiece), so it runs in a `tf.function`, a `tf.data` map
+    and an exported SavedModel, where TF Serving needs the TensorFlow Text
+    ops and nothing else. On the 2,119 validation and test movie sentences it
+    gives the ids of Hugging Face's `BertTokenizer` for all but one (which
+    holds `½`, which Hugging Face splits into `1`, a fraction slash and `2`).
+
+    `tokenize` wraps every text as `[CLS] pieces [SEP]`, as the encoder saw
+    its inputs in pretraining. `[PAD]` must be id 0, the padding id of the
+    pipelines and of `mask_zero` embeddings (it is in BERT vocabularies).
+
+    Args:
+        vocabulary: the word pieces, indexed by id (a list of strings), or the
+            path of a `vocab.txt` file with one piece per line.
+        lowercase: lower-case and strip accents first (uncased models).
+        max_length: if set, the longest output in tokens, `[CLS]` and `[SEP]`
+            included: longer texts lose their last word pieces and keep
+            `[SEP]` last.
+        sequence_length: if set, `tokenize` returns a dense `int32` tensor of
+            this length (truncated as `max_length`, padded with 0); if `None`,
+            a `tf.RaggedTensor`.
+        **kwargs: base layer arguments (`name`, ...).
+
+    Example:
+
+    ```python
+    tokenizer = WordPieceTokenizer("vocab.txt", max_length=64)
+    tokenizer.tokenize(["A gripping film."])
+    # <tf.RaggedTensor [[101, 1037, 13940, 2143, 1012, 102]]>
+    ```
+    """
+
+    pad_id = PAD_ID
+
+    def __init__(
+        self,
+        vocabulary,
+        lowercase: bool = True,
+        max_length: int | None = None,
+        sequence_length: int | None = None,
+        **kwargs,
+    ):
+        kwargs.setdefault("trainable", False)
+        super().__init__(**kwargs)
+        if isinstance(vocabulary, (str, os.PathLike)):
+            vocabulary = read_vocabulary(vocabulary)
+        if (
+            not isinstance(vocabulary, (list, tuple))
+            or not vocabulary
+            or not all(isinstance(piece, str) for piece in vocabulary)
+        ):
+            raise ValueError(
+                "`vocabulary` must be a non-empty list of strings or the path of "
+                f"a vocab.txt file. Received: vocabulary of type {type(vocabulary)}"
+            )
+        vocabulary = list(vocabulary)
+        missing = [
+            token
+            for token in (CLS_TOKEN, SEP_TOKEN, PAD_TOKEN, UNK_TOKEN)
+            if token not in vocabulary
+        ]
+        if missing:
+            raise ValueError(
+                f"`vocabulary` must hold the special tokens {missing}. "
+                f"Received: a vocabulary of {len(vocabulary)} pieces"
+            )
+        if vocabulary[PAD_ID] != PAD_TOKEN:
+            raise ValueError(
+                f"`vocabulary` must have {PAD_TOKEN} at id {PAD_ID}. "
+                f"Received: {vocabulary[PAD_ID]!r} at id {PAD_ID}"
+            )
+        if not isinstance(lowercase, bool):
+            raise ValueError(f"`lowercase` must be a bool. Received: {lowercase=}")
+        for name, value, least in (
+            ("max_length", max_length, 3),
+            ("sequence_length", sequence_length, 3),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < least
+            ):
+                raise ValueError(
+                    f"`{name}` must be an int of at least {least} ([CLS], a piece "
+                    f"and [SEP]) or None. Received: {name}={value!r}"
+                )
+        self.vocabulary = vocabulary
+        self.lowercase = lowercase
+        self.max_length = max_length
+        self.sequence_length = sequence_length
+        self.cls_id = vocabulary.index(CLS_TOKEN)
+        self.sep_id = vocabulary.index(SEP_TOKEN)
+        self.unk_id = vocabulary.index(UNK_TOKEN)
+        self._index = {piece: index for index, piece in enumerate(vocabulary)}
+        self.built = True
+
+    def _fast_bert(self):
+        """A `FastBertTokenizer`: one kept for eager calls; a new one in each
+        traced graph, so that graphs hold their own copy of the model (its
+        flatbuffer is a constant of the graph that builds it)."""
+        if not tf.executing_eagerly():
+            return self._build_fast_bert()
+        if self.__dict__.get("_eager_tokenizer") is None:
+            # Kept out of Keras/TF tracking: graphs never capture it.
+            self.__dict__["_eager_tokenizer"] = self._build_fast_bert()
+        return self.__dict__["_eager_tokenizer"]
+
+    def _build_fast_bert(self):
+        return tf_text.FastBertTokenizer(
+            vocab=self.vocabulary,
+            token_out_type=tf.int32,
+            unknown_token=UNK_TOKEN,
+            lower_case_nfd_strip_accents=self.lowercase,
+            support_detokenization=True,
+        )
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def get_vocabulary(self) -> list[str]:
+        return list(self.vocabulary)
+
+    def id_to_token(self, id: int) -> str:
+        if not 0 <= id < len(self.vocabulary):
+            raise ValueError(
+                f"`id` must be in [0, {len(self.vocabulary)}). Received: {id=}"
+            )
+        return self.vocabulary[id]
+
+    def token_to_id(self, token: str) -> int:
+        """The id of a piece (`unk_id` if it is not one)."""
+        return self._index.get(token, self.unk_id)
+
+    def tokenize(self, inputs):
+        """Strings to `[CLS] pieces [SEP]` ids.
+
+        Args:
+            inputs: a string or a 1-D batch of strings (tensor, list, array).
+
+        Returns:
+            `int32` ids: for a batch a `tf.RaggedTensor` `[batch, None]`, or a
+            dense `[batch, sequence_length]` tensor if `sequence_length` is
+            set; for a single string, the same without the batch axis. An
+            empty text gives `[CLS] [SEP]`.
+        """
+        inputs = tf.convert_to_tensor(inputs, dtype=tf.string)
+        scalar = inputs.shape.rank == 0
+        if scalar:
+            inputs = inputs[tf.newaxis]
+        pieces = self._fast_bert().tokenize(inputs)  # (B, None)
+        limits = [n for n in (self.max_length, self.sequence_length) if n is not None]
+        if limits:
+            pieces = pieces[:, : min(limits) - 2]  # room for [CLS] and [SEP]
+        rows = pieces.nrows()
+        ids = tf.concat(
+            [
+                tf.RaggedTensor.from_tensor(tf.fill([rows, 1], self.cls_id)),
+                pieces,
+                tf.RaggedTensor.from_tensor(tf.fill([rows, 1], self.sep_id)),
+            ],
+            axis=1,
+        )  # (B, None)
+        if self.sequence_length is not None:
+            ids = ids.to_tensor(
+                default_value=PAD_ID, shape=[None, self.sequence_length]
+            )  # (B, L)
+        if scalar:
+            ids = ids[0]
+        return ids
+
+    def detokenize(self, ids):
+        """Ids back to text: the word pieces joined into words, separated by
+        spaces (lower-cased text stays lower-cased); `[CLS]`, `[SEP]` and
+        padding are dropped.
+
+        Args:
+            ids: integer ids, `[batch, length]` (dense or ragged) or `[length]`.
+
+        Returns:
+            A `tf.string` tensor `[batch]`, or a scalar for `[length]` ids.
+        """
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.convert_to_tensor(ids)
+        ids = tf.cast(ids, tf.int32)
+        scalar = ids.shape.rank == 1
+        if scalar:
+            ids = ids[tf.newaxis]
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(ids)
+        keep = (ids != PAD_ID) & (ids != self.cls_id) & (ids != self.sep_id)
+        texts = self._fast_bert().detokenize(tf.ragged.boolean_mask(ids, keep))
+        if scalar:
+            texts = texts[0]
+        return texts
+
+    def call(self, inputs):
+        return self.tokenize(inputs)
+
+    def compute_output_spec(self, inputs):
+        # Only meaningful on the TensorFlow backend (string inputs).
+        length = self.sequence_length
+        shape = (*inputs.shape, length) if length else (*inputs.shape, None)
+        return keras.KerasTensor(shape, dtype="int32")
+
+    def save_vocabulary(self, path: str | os.PathLike) -> Path:
+        """Write the pieces to `path`, one a line (a `vocab.txt`)."""
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{piece}\n" for piece in self.vocabulary), "utf-8")
+        return path
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary": list(self.vocabulary),
+                "lowercase": self.lowercase,
+                "max_length": self.max_length,
+                "sequence_length": self.sequence_length,
+            }
+        )
+        return config
+
+
+def read_vocabulary(path: str | os.PathLike) -> list[str]:
+    """The pieces of a `vocab.txt` file (one a line, ids from 0)."""
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"`vocabulary` must be a readable UTF-8 vocab.txt file. "
+            f"Received: {path} ({error})"
+        ) from error
+    return text.splitlines()

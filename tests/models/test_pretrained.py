@@ -1,0 +1,268 @@
+"""Pretrained BERT-style encoders loaded into the sentiment classifier."""
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.models import (
+    bert_sentiment_classifier,
+    load_bert_checkpoint,
+    load_minilm,
+)
+from keras_attn.models.pretrained import read_safetensors
+from tests.test_case import BERT_VOCABULARY, write_bert_checkpoint, write_safetensors
+
+pytestmark = pytest.mark.tf_only  # the WordPiece tokenizer runs TensorFlow Text
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    return write_bert_checkpoint(tmp_path_factory.mktemp("bert"), seed=3)
+
+
+def layer_norm(x, gamma, beta, epsilon):
+    mean = x.mean(-1, keepdims=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(variance + epsilon) * gamma + beta
+
+
+def numpy_bert_mean_pooled(weights, config, ids):
+    """BERT's encoder (Devlin et al., 2019; the Transformer of Vaswani et
+    al. with learned positions, GELU and post-norm), then the mean over the
+    real tokens, written out in NumPy in float64."""
+    w = {name: np.asarray(value, np.float64) for name, value in weights.items()}
+    eps, heads = config["layer_norm_eps"], config["num_attention_heads"]
+    batch, length = ids.shape
+    real = ids != 0  # (B, T)
+    x = (
+        w["embeddings.word_embeddings.weight"][ids]
+        + w["embeddings.position_embeddings.weight"][:length]
+        + w["embeddings.token_type_embeddings.weight"][0]
+    )
+    x = layer_norm(
+        x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], eps
+    )
+    gelu = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))
+    for index in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{index}."
+
+        def linear(x, name, p=p):
+            return x @ w[f"{p}{name}.weight"].T + w[f"{p}{name}.bias"]
+
+        def split(x):  # (B, T, d) -> (B, heads, T, d / heads)
+            return x.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+
+        q, k, v = (
+            split(linear(x, f"attention.self.{part}"))
+            for part in ("query", "key", "value")
+        )
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])
+        scores = np.where(real[:, None, None, :], scores, -np.inf)
+        probabilities = np.exp(scores - scores.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        attended = (probabilities @ v).transpose(0, 2, 1, 3).reshape(x.shape)
+        x = layer_norm(
+            x + linear(attended, "attention.output.dense"),
+            w[f"{p}attention.output.LayerNorm.weight"],
+            w[f"{p}attention.output.LayerNorm.bias"],
+            eps,
+        )
+        hidden = gelu(linear(x, "intermediate.dense"))
+        x = layer_norm(
+            x + linear(hidden, "output.dense"),
+            w[f"{p}output.LayerNorm.weight"],
+            w[f"{p}output.LayerNorm.bias"],
+            eps,
+        )
+    return (x * real[..., None]).sum(1) / real.sum(1, keepdims=True)
+
+
+def pooled_output(model, ids):
+    encoder = keras.Model(model.input, model.get_layer("pooling").output)
+    return np.asarray(encoder(ids))
+
+
+def test_read_safetensors_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {
+        "a": rng.standard_normal((3, 4)).astype("float32"),
+        "b": rng.standard_normal(5).astype("float16"),
+        "ids": np.arange(6, dtype="int64").reshape(2, 3),
+    }
+    write_safetensors(tmp_path / "t.safetensors", tensors)
+    read = read_safetensors(tmp_path / "t.safetensors")
+    assert sorted(read) == ["a", "b", "ids"]
+    for name, array in tensors.items():
+        assert read[name].dtype == array.dtype and read[name].shape == array.shape
+        np.testing.assert_array_equal(read[name], array)
+
+
+def test_read_safetensors_bfloat16(tmp_path):
+    values = np.array([1.0, -2.5, 0.15625, 2.0**100], np.float32)  # exact in bf16
+    upper = (values.view(np.uint32) >> 16).astype("<u2").tobytes()
+    header = json.dumps(
+        {"x": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}}
+    ).encode()
+    (tmp_path / "b.safetensors").write_bytes(
+        len(header).to_bytes(8, "little") + header + upper
+    )
+    np.testing.assert_array_equal(
+        read_safetensors(tmp_path / "b.safetensors")["x"], values
+    )
+
+
+def test_read_safetensors_refuses_bad_files(tmp_path):
+    (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        read_safetensors(tmp_path / "junk.safetensors")
+    header = json.dumps(
+        {"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}
+    ).encode()
+    (tmp_path / "short.safetensors").write_bytes(
+        len(header).to_bytes(8, "little") + header + b"\x00" * 8
+    )
+    with pytest.raises(ValueError, match=r"'x' has data offsets 0\.\.16 outside"):
+        read_safetensors(tmp_path / "short.safetensors")
+
+
+def test_loaded_encoder_equals_numpy_bert(checkpoint_dir):
+    checkpoint = load_bert_checkpoint(checkpoint_dir)
+    assert (checkpoint.num_layers, checkpoint.hidden_size) == (2, 16)
+    assert checkpoint.lowercase and checkpoint.vocabulary == BERT_VOCABULARY
+    model = bert_sentiment_classifier(checkpoint)
+    tokenizer = checkpoint.tokenizer()
+    ids = tokenizer.tokenize(
+        ["The film is great!", "a dull plot", "Unaffable, boring movies."]
+    ).to_tensor()  # padded: the second row is shorter
+    ids = np.asarray(ids)
+    assert (ids == 0).any()
+    expected = numpy_bert_mean_pooled(checkpoint.weights, checkpoint.config, ids)
+    np.testing.assert_allclose(pooled_output(model, ids), expected, atol=2e-5)
+    # Padding changes nothing: the same sentence alone, unpadded.
+    alone = np.asarray(tokenizer.tokenize(["a dull plot"]).to_tensor())
+    np.testing.assert_allclose(pooled_output(model, alone)[0], expected[1], atol=2e-5)
+    probability = np.asarray(model(ids))
+    assert probability.shape == (3, 1) and ((0 < probability) & (probability < 1)).all()
+
+
+def test_fine_tuning_starts_from_the_checkpoint_and_saves(checkpoint_dir, tmp_path):
+    checkpoint = load_bert_checkpoint(checkpoint_dir)
+    first = bert_sentiment_classifier(checkpoint)
+    keras.utils.set_random_seed(7)
+    second = bert_sentiment_classifier(checkpoint, pooling="attention", dropout=0.0)
+    embedding = "embedding"
+    for a, b in zip(
+        first.get_layer(embedding).get_weights(),
+        second.get_layer(embedding).get_weights(),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+    # The position table holds BERT's positions plus the type-0 embedding.
+    np.testing.assert_allclose(
+        first.get_layer(embedding).get_weights()[1],
+        checkpoint.weights["embeddings.position_embeddings.weight"]
+        + checkpoint.weights["embeddings.token_type_embeddings.weight"][0],
+    )
+    ids = np.asarray(checkpoint.tokenizer().tokenize(["not fun"]).to_tensor())
+    first.save(tmp_path / "m.keras")
+    restored = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(np.asarray(restored(ids)), np.asarray(first(ids)))
+
+
+def test_bert_prefixed_names_load(tmp_path, checkpoint_dir):
+    directory = write_bert_checkpoint(tmp_path / "prefixed", seed=3)
+    weights = read_safetensors(directory / "model.safetensors")
+    write_safetensors(
+        directory / "model.safetensors",
+        {f"bert.{name}": value for name, value in weights.items()},
+    )
+    prefixed, plain = (
+        load_bert_checkpoint(directory),
+        load_bert_checkpoint(checkpoint_dir),
+    )
+    assert sorted(prefixed.weights) == sorted(plain.weights)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"model_type": "roberta"},
+            "model_type='bert' can be loaded. Received: model_type='roberta'",
+        ),
+        (
+            {"hidden_act": "relu"},
+            "hidden_act='gelu' can be loaded. Received: hidden_act='relu'",
+        ),
+        (
+            {"position_embedding_type": "relative_key"},
+            "Received: position_embedding_type='relative_key'",
+        ),
+        ({"num_attention_heads": 3}, "must divide hidden_size"),
+        ({"vocab_size": 99}, "vocab.txt has 32 pieces but config.json says"),
+    ],
+)
+def test_bad_configs_are_named(tmp_path, overrides, message):
+    directory = write_bert_checkpoint(tmp_path / "bad")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **overrides}))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        load_bert_checkpoint(directory)
+
+
+def test_missing_files_and_tensors_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"missing config\.json, vocab\.txt"):
+        load_bert_checkpoint(tmp_path)
+    directory = write_bert_checkpoint(tmp_path / "partial")
+    weights = read_safetensors(directory / "model.safetensors")
+    del weights["encoder.layer.1.intermediate.dense.bias"]
+    weights["encoder.layer.0.attention.self.key.weight"] = np.zeros((16, 8), "float32")
+    write_safetensors(directory / "model.safetensors", weights)
+    with pytest.raises(
+        ValueError,
+        match=r"encoder.layer.0.attention.self.key.weight of shape \(16, 16\). "
+        r"Received: \(16, 8\)",
+    ):
+        load_bert_checkpoint(directory)
+
+
+# Reference values for all-MiniLM-L6-v2, computed independently with Hugging
+# Face transformers' BertModel (PyTorch, float32) on the same WordPiece ids,
+# mean-pooled over the real tokens: the first four of the 384 dimensions, and
+# the cosine similarities of the four sentences.
+MINILM_SENTENCES = [
+    "A gripping, beautifully acted film.",
+    "The plot is dull and the jokes fall flat!",
+    "Wo ist der Bahnhof?",
+    "ok",
+]
+MINILM_IDS = [
+    [101, 1037, 13940, 1010, 17950, 6051, 2143, 1012, 102],
+    [101, 1996, 5436, 2003, 10634, 1998, 1996, 13198, 2991, 4257, 999, 102],
+    [101, 24185, 21541, 4315, 17392, 14586, 1029, 102],
+    [101, 7929, 102],
+]
+MINILM_POOLED_HEAD = [
+    [0.011298, -0.305157, -0.017937, 0.014071],
+    [-0.209493, -0.293688, 0.094313, 0.23651],
+    [-0.2966, 0.569729, 0.070324, 0.359631],
+    [-0.237824, -0.304571, -0.11284, 0.087352],
+]
+MINILM_COSINES = [[0.349, 0.058, 0.049], [-0.080, 0.089], [-0.024]]
+
+
+@pytest.mark.large
+def test_minilm_matches_transformers():
+    checkpoint = load_minilm()
+    tokenizer = checkpoint.tokenizer()
+    ids = tokenizer.tokenize(MINILM_SENTENCES)
+    assert ids.to_list() == MINILM_IDS
+    pooled = pooled_output(bert_sentiment_classifier(checkpoint), ids.to_tensor())
+    np.testing.assert_allclose(pooled[:, :4], MINILM_POOLED_HEAD, atol=5e-6)
+    unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    cosines = unit @ unit.T
+    for row, expected in enumerate(MINILM_COSINES):
+        np.testing.assert_allclose(cosines[row, row + 1 :], expected, atol=1e-3)
