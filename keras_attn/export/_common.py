@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -67,6 +68,7 @@ def write_export(
     partial = path.parent / f".{path.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     try:
+        _track_variables_once(archive)
         archive.write_out(str(partial), verbose=False)
         extra = partial / "assets.extra"
         extra.mkdir(exist_ok=True)
@@ -80,6 +82,26 @@ def write_export(
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return path
+
+
+def _track_variables_once(archive) -> None:
+    """Make the archive save each variable once, not twice.
+
+    `ExportArchive.track(model)` lists the model's Keras variables, and
+    writing the archive adds the `tf.Variable`s its endpoints use; on the
+    TensorFlow backend a Keras variable saves its `tf.Variable`'s value as a
+    checkpoint entry of its own, so every weight was written twice (Keras
+    3.15: a 22.7M-parameter classifier exported 173 MB of variables instead
+    of 87 MB). Tracking the `tf.Variable`s themselves leaves one object per
+    weight.
+    """
+    trackable = archive._tf_trackable
+    for name in ("variables", "trainable_variables", "non_trainable_variables"):
+        tracked = [
+            variable.value if isinstance(variable, keras.Variable) else variable
+            for variable in getattr(trackable, name)
+        ]
+        setattr(trackable, name, tracked)
 
 
 def read_metadata(path) -> dict:

@@ -44,6 +44,14 @@ def test_layout_metadata_and_servability(exported):
     report = check_servable(path, verbose=False)
     assert report.ok, str(report)
     assert report.text_ops == ["SentencepieceOp", "SentencepieceTokenizeOp"]
+    # Each weight is saved once (Keras' ExportArchive wrote each one twice).
+    entries = tf.train.load_checkpoint(str(path / "variables" / "variables"))
+    saved = sum(
+        int(np.prod(shape))
+        for name, shape in entries.get_variable_to_shape_map().items()
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    )
+    assert saved == sum(int(np.prod(v.shape)) for v in model.variables)
     assert "serving_default" in report.cli_summary
     # The next export goes to version 2; an existing version is never replaced.
     assert export_sentiment(model, tokenizer, base, max_length=MAX_LENGTH).name == "2"
