@@ -112,10 +112,7 @@ def sentiment_token_weights(model: keras.Model):
             "Token weights need a classifier built with pooling='attention'. "
             f"Received: a model whose pooling layer is {type(pooling).__name__}"
         )
-    sequence = pooling.input  # the encoder output (and its mask, if Keras filled it)
-    if isinstance(sequence, (list, tuple)):
-        sequence = sequence[0]
-    encoder = keras.Model(model.input, sequence)
+    encoder = _model_up_to(model, pooling)  # the encoder output
 
     def token_weights(token_ids):
         token_ids = keras.ops.convert_to_tensor(token_ids, "int32")
@@ -145,10 +142,7 @@ def sentiment_self_attention(model: keras.Model, layer: int = -1):
             f"Received: layer={layer}"
         )
     block = model.get_layer(f"encoder_{index}")
-    sequence = block.input
-    if isinstance(sequence, (list, tuple)):
-        sequence = sequence[0]
-    below = keras.Model(model.input, sequence)
+    below = _model_up_to(model, block)
 
     def self_attention(token_ids):
         token_ids = keras.ops.convert_to_tensor(token_ids, "int32")
@@ -160,3 +154,11 @@ def sentiment_self_attention(model: keras.Model, layer: int = -1):
         return keras.ops.cast(weights, "float32")
 
     return self_attention
+
+
+def _model_up_to(model: keras.Model, layer) -> keras.Model:
+    """The part of `model` that computes `layer`'s (first) input."""
+    sequence = layer.input  # with its mask too, if Keras filled one in
+    if isinstance(sequence, (list, tuple)):
+        sequence = sequence[0]
+    return keras.Model(model.input, sequence)

@@ -22,8 +22,22 @@ from keras_attn.text.vocabulary import (
 )
 
 
+class TokenizerLayer(keras.layers.Layer):
+    """What the tokenizer layers share: calling the layer tokenizes, into a
+    dense `[..., sequence_length]` tensor or a ragged one."""
+
+    def call(self, inputs):
+        return self.tokenize(inputs)
+
+    def compute_output_spec(self, inputs):
+        # Only meaningful on the TensorFlow backend (string inputs).
+        length = self.sequence_length
+        shape = (*inputs.shape, length) if length else (*inputs.shape, None)
+        return keras.KerasTensor(shape, dtype="int32")
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SubwordTokenizer(keras.layers.Layer):
+class SubwordTokenizer(TokenizerLayer):
     """SentencePiece subword tokenizer whose graph holds TensorFlow Text ops only.
 
     Wraps `tensorflow_text.SentencepieceTokenizer`, so tokenizing and
@@ -257,15 +271,6 @@ class SubwordTokenizer(keras.layers.Layer):
         if scalar:
             texts = texts[0]
         return texts
-
-    def call(self, inputs):
-        return self.tokenize(inputs)
-
-    def compute_output_spec(self, inputs):
-        # Only meaningful on the TensorFlow backend (string inputs).
-        length = self.sequence_length
-        shape = (*inputs.shape, length) if length else (*inputs.shape, None)
-        return keras.KerasTensor(shape, dtype="int32")
 
     def save_proto(self, path: str | os.PathLike) -> Path:
         """Write the SentencePiece model to `path` (load it with `from_file`)."""

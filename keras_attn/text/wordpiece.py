@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_attn.text.tokenizer import TokenizerLayer
 from keras_attn.text.vocabulary import PAD_ID
 
 CLS_TOKEN = "[CLS]"
@@ -18,7 +19,7 @@ UNK_TOKEN = "[UNK]"
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class WordPieceTokenizer(keras.layers.Layer):
+class WordPieceTokenizer(TokenizerLayer):
     """The tokenizer of a pretrained BERT-style encoder, `[CLS] pieces [SEP]`.
 
     Wraps `tensorflow_text.FastBertTokenizer` (BERT's basic tokenization:
@@ -216,15 +217,6 @@ class WordPieceTokenizer(keras.layers.Layer):
         if scalar:
             texts = texts[0]
         return texts
-
-    def call(self, inputs):
-        return self.tokenize(inputs)
-
-    def compute_output_spec(self, inputs):
-        # Only meaningful on the TensorFlow backend (string inputs).
-        length = self.sequence_length
-        shape = (*inputs.shape, length) if length else (*inputs.shape, None)
-        return keras.KerasTensor(shape, dtype="int32")
 
     def save_vocabulary(self, path: str | os.PathLike) -> Path:
         """Write the pieces to `path`, one a line (a `vocab.txt`)."""
