@@ -49,7 +49,7 @@ test-large: $(STAMP)
 
 # serving_bench.py needs trained runs (runs/transformer, runs/sentiment): make bench-serving
 bench: $(STAMP)
-	@for script in attention blocks generation pipeline training; do \
+	@for script in attention blocks generation pipeline training pretrained; do \
 		echo "== benchmarks/$${script}_bench.py"; $(PY) benchmarks/$${script}_bench.py || exit 1; \
 	done
 

