@@ -53,7 +53,7 @@ from keras_attn.text import (
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train a Transformer language model.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=training.HelpFormatter,
     )
     parser.add_argument(
         "--data",

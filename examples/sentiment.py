@@ -112,7 +112,7 @@ WARMUP_SHARE = 0.1  # of a fine-tuning run's steps
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train the attention-based sentiment classifier.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=training.HelpFormatter,
     )
     parser.add_argument(
         "--data", default=None, help="label<TAB>text file; default: the movie sentences"

@@ -55,7 +55,7 @@ SIZES = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train an English -> German translator.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=training.HelpFormatter,
     )
     parser.add_argument(
         "--data", default=None, help="english<TAB>german file; default: the Ding pairs"

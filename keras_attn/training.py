@@ -7,6 +7,7 @@ what every script in `examples/` needs and nothing model-specific.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -488,6 +489,17 @@ def progress_bar(title: str, steps: int | None, verbose: int, unit: str = "batch
     if verbose:
         print(f"{title}:", flush=True)
     return keras.utils.Progbar(steps, verbose=verbose, unit_name=unit)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with each option's default, except where it is `None`: such
+    options either have no default or describe theirs in their own help
+    (defaults that depend on other options)."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_run_arguments(

@@ -67,7 +67,10 @@ def sentiment_file(tmp_path):
     "script", ["sentiment.py", "translate.py", "language_model.py"]
 )
 def test_help(script):
-    assert "--mixed-precision" in run_script(script, "--help")
+    text = run_script(script, "--help")
+    assert "--mixed-precision" in text
+    assert "(default: auto)" in text  # defaults are shown,
+    assert "(default: None)" not in text  # except where there is none to show
 
 
 def test_sentiment_smoke(sentiment_file, tmp_path):
