@@ -123,6 +123,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             embeddings_initializer=self.embeddings_initializer,
             mask_zero=mask_zero,
             dtype=self.dtype_policy,
+            # A layer built frozen (`trainable=False`) freezes its tables.
+            trainable=self.trainable,
             name="token_embedding",
         )
         if position == "learned":
@@ -130,6 +132,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 self.sequence_length,
                 initializer=self.position_initializer,
                 dtype=self.dtype_policy,
+                trainable=self.trainable,
                 name="position_embedding",
             )
         else:

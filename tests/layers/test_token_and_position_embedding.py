@@ -127,6 +127,20 @@ class TokenAndPositionEmbeddingTest(TestCase):
         x = MultiHeadSelfAttention(num_heads=2, causal=True)(x)
         self.run_saved_model_test(keras.Model(tokens, x), IDS)
 
+    def test_built_frozen_keeps_its_tables_out_of_training(self):
+        # `trainable=False` at construction covers the tables the layer
+        # creates later, as for `keras.layers.Embedding(trainable=False)`.
+        layer = TokenAndPositionEmbedding(**INIT, position="learned", trainable=False)
+        tokens = keras.Input((None,), dtype="int32")
+        model = keras.Model(tokens, layer(tokens))
+        self.assertEqual(len(layer.weights), 2)
+        self.assertEqual(model.trainable_weights, [])
+        restored = TokenAndPositionEmbedding.from_config(layer.get_config())
+        restored.build((None, 4))
+        self.assertEqual([w.trainable for w in restored.weights], [False, False])
+        layer.trainable = True  # and thawed, both train again
+        self.assertEqual(len(model.trainable_weights), 2)
+
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, "Received: position='rotary'"):
             TokenAndPositionEmbedding(**INIT, position="rotary")
