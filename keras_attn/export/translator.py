@@ -18,6 +18,7 @@ from keras_attn.models._structure import translator_config
 from keras_attn.models.translator import translator_adapter
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import PAD_ID, START_ID
+from keras_attn.text.wordpiece import WordPieceTokenizer
 
 SAMPLE_SOURCES = ("Where is the station?", "", "   ", "I am very tired today.")
 
@@ -27,8 +28,12 @@ def translator_serving_fns(
 ):
     """The two signature functions and the objects they need tracked."""
     adapter = translator_adapter(model)
-    source = SubwordTokenizer(source_tokenizer.proto)
-    target = SubwordTokenizer(target_tokenizer.proto)
+    # Fresh copies, tracked by the export (their vocabularies become its
+    # assets or constants).
+    source, target = (
+        type(tokenizer).from_config(tokenizer.get_config())
+        for tokenizer in (source_tokenizer, target_tokenizer)
+    )
     decode = adapter.beam_search_fn(max_length, beam_width, length_penalty)
     source_pieces = tf.constant(_pieces(source_tokenizer))
     target_pieces = tf.constant(_pieces(target_tokenizer))
@@ -65,7 +70,7 @@ def translator_serving_fns(
 
 def export_translator(
     model: keras.Model,
-    source_tokenizer: SubwordTokenizer,
+    source_tokenizer: SubwordTokenizer | WordPieceTokenizer,
     target_tokenizer: SubwordTokenizer,
     base_dir,
     model_name: str = "translator",
@@ -75,6 +80,9 @@ def export_translator(
     length_penalty: float = 0.6,
 ) -> Path:
     """Export a translator with its tokenizers and beam search for TF Serving.
+
+    The source tokenizer is the translator's SentencePiece model, or, for a
+    `bert_transformer_translator`, its encoder's `WordPieceTokenizer`.
 
     Signatures (`<base_dir>/<model_name>/<version>/`):
 
@@ -122,6 +130,7 @@ def export_translator(
         "model_name": model_name,
         "version": int(path.name),
         "model_kind": kind,
+        "source_tokenizer": type(source_tokenizer).__name__,
         "max_length": max_length,
         "beam_width": beam_width,
         "length_penalty": length_penalty,
@@ -152,5 +161,5 @@ def export_translator(
     return write_export(archive, path, metadata)
 
 
-def _pieces(tokenizer: SubwordTokenizer) -> list[str]:
+def _pieces(tokenizer: SubwordTokenizer | WordPieceTokenizer) -> list[str]:
     return tokenizer.get_vocabulary()

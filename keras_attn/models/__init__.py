@@ -3,10 +3,12 @@
 from keras_attn.models.pretrained import (
     BertCheckpoint,
     bert_sentiment_classifier,
+    bert_transformer_translator,
     fetch_minilm,
     load_bert_checkpoint,
     load_bert_weights,
     load_minilm,
+    load_pretrained,
 )
 from keras_attn.models.rnn_translator import (
     BahdanauDecoder,
@@ -33,10 +35,12 @@ __all__ = [
     "BertCheckpoint",
     "TranslatorAdapter",
     "bert_sentiment_classifier",
+    "bert_transformer_translator",
     "fetch_minilm",
     "load_bert_checkpoint",
     "load_bert_weights",
     "load_minilm",
+    "load_pretrained",
     "rnn_translator",
     "rnn_translator_alignment",
     "rnn_translator_decoding",

@@ -34,8 +34,14 @@ def translator_config(model: keras.Model) -> dict:
             "kind": "transformer",
             "num_encoder_layers": _count(model, "encoder"),
             "num_decoder_layers": _count(model, "decoder"),
-            "normalize_first": _has(model, "encoder_norm"),
+            "normalize_first": _has(model, "decoder_norm"),
             "shared_vocabulary": _has(model, "shared_embedding"),
+            # Each optional layer norm: absent from post-norm stacks; a
+            # pretrained BERT encoder has post-norm blocks, an embedding norm
+            # and a pre-norm decoder.
+            "source_embedding_norm": _has(model, "source_embedding_norm"),
+            "encoder_norm": _has(model, "encoder_norm"),
+            "decoder_norm": _has(model, "decoder_norm"),
         }
     if _has(model, "encoder") and _has(model, "decoder"):
         if isinstance(model.get_layer("decoder"), BahdanauDecoder):

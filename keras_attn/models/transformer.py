@@ -75,17 +75,8 @@ def transformer_translator(
     }
 
     def embedding(vocabulary_size, layer_name):
-        return TokenAndPositionEmbedding(
-            vocabulary_size,
-            sequence_length,
-            embedding_dim,
-            position=position,
-            mask_zero=True,
-            scale_embeddings=True,
-            embeddings_initializer=keras.initializers.RandomNormal(
-                stddev=embedding_dim**-0.5
-            ),
-            name=layer_name,
+        return translator_embedding(
+            vocabulary_size, sequence_length, embedding_dim, layer_name, position
         )
 
     if shared_vocabulary:
@@ -108,6 +99,57 @@ def transformer_translator(
     )
     encoder_outputs = x
 
+    return translator_model(
+        encoder_inputs,
+        encoder_outputs,
+        decoder_inputs,
+        target_embedding,
+        num_decoder_layers,
+        tie_embeddings=tie_embeddings,
+        name=name,
+        **block_kwargs,
+    )
+
+
+def translator_embedding(
+    vocabulary_size, sequence_length, embedding_dim, name, position="sinusoidal"
+):
+    """A translator's `TokenAndPositionEmbedding`: scaled by `sqrt(d)` as in
+    the paper, initialised with standard deviation `d ** -0.5` (so tied
+    output logits start near unit scale), padding (id 0) masked."""
+    return TokenAndPositionEmbedding(
+        vocabulary_size,
+        sequence_length,
+        embedding_dim,
+        position=position,
+        mask_zero=True,
+        scale_embeddings=True,
+        embeddings_initializer=keras.initializers.RandomNormal(
+            stddev=embedding_dim**-0.5
+        ),
+        name=name,
+    )
+
+
+def translator_model(
+    encoder_inputs,
+    encoder_outputs,
+    decoder_inputs,
+    target_embedding,
+    num_decoder_layers,
+    *,
+    num_heads,
+    intermediate_dim,
+    dropout,
+    normalize_first,
+    tie_embeddings,
+    name,
+):
+    """The decoder half of a Transformer translator and the model: target
+    embedding, dropout, `num_decoder_layers` blocks named `decoder_{i}`
+    attending to `encoder_outputs` (and `decoder_norm` when pre-norm), float32
+    `logits`. Shared by the translator builders, so that
+    `transformer_translator_decoding` finds the same layers in both."""
     y = target_embedding(decoder_inputs)  # (B, T, d), masked
     y = keras.layers.Dropout(dropout, name="target_dropout")(y)
     y = stack_blocks(
@@ -115,19 +157,25 @@ def transformer_translator(
         TransformerDecoderBlock,
         num_decoder_layers,
         "decoder",
+        num_heads=num_heads,
+        intermediate_dim=intermediate_dim,
+        dropout=dropout,
+        normalize_first=normalize_first,
         final_norm_name="decoder_norm",
         context=encoder_outputs,
-        **block_kwargs,
     )
     logits = _output_layer(
-        y, target_embedding, target_vocabulary_size, tie_embeddings, "logits"
+        y,
+        target_embedding,
+        target_embedding.vocabulary_size,
+        tie_embeddings,
+        "logits",
     )
-    model = keras.Model(
+    return keras.Model(
         {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs},
         logits,
         name=name,
     )
-    return model
 
 
 def transformer_language_model(
@@ -226,6 +274,43 @@ def transformer_language_model_decoding(model: keras.Model):
     return initial_cache, next_fn
 
 
+def _translator_parts(model: keras.Model):
+    """`(encode_source, target_embedding, decoders, decoder_norm)` of a
+    Transformer translator (either builder): `encode_source(ids) -> (x, mask)`
+    runs the source embedding (and its layer norm, for a pretrained BERT
+    encoder), the encoder blocks and the final encoder norm (pre-norm)."""
+    config = translator_config(model)
+    shared = config["shared_vocabulary"]
+    source_embedding = model.get_layer(
+        "shared_embedding" if shared else "source_embedding"
+    )
+    target_embedding = model.get_layer(
+        "shared_embedding" if shared else "target_embedding"
+    )
+    encoders = _blocks(model, "encoder", config["num_encoder_layers"])
+    decoders = _blocks(model, "decoder", config["num_decoder_layers"])
+
+    def optional(layer_name):
+        return model.get_layer(layer_name) if config[layer_name] else None
+
+    source_embedding_norm = optional("source_embedding_norm")
+    encoder_norm = optional("encoder_norm")
+
+    def encode_source(encoder_inputs):
+        encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
+        mask = ops.not_equal(encoder_inputs, 0)  # (B, S)
+        x = source_embedding(encoder_inputs)
+        if source_embedding_norm is not None:
+            x = source_embedding_norm(x)
+        for block in encoders:
+            x = block(x, padding_mask=mask)
+        if encoder_norm is not None:
+            x = encoder_norm(x)
+        return x, mask
+
+    return encode_source, target_embedding, decoders, optional("decoder_norm")
+
+
 def transformer_translator_decoding(model: keras.Model):
     """`(encode, next_fn)` for decoding a `transformer_translator`.
 
@@ -237,31 +322,12 @@ def transformer_translator_decoding(model: keras.Model):
     - `next_fn(token_ids, cache, index) -> (logits, cache)`: decoder tokens
       `(B, T)` at positions `index..index+T-1`; float32 logits `(B, T, vocab)`.
     """
-    config = translator_config(model)
-    shared = config["shared_vocabulary"]
-    source_embedding = model.get_layer(
-        "shared_embedding" if shared else "source_embedding"
-    )
-    target_embedding = model.get_layer(
-        "shared_embedding" if shared else "target_embedding"
-    )
-    encoders = _blocks(model, "encoder", config["num_encoder_layers"])
-    decoders = _blocks(model, "decoder", config["num_decoder_layers"])
-    encoder_norm = decoder_norm = None
-    if config["normalize_first"]:
-        encoder_norm = model.get_layer("encoder_norm")
-        decoder_norm = model.get_layer("decoder_norm")
+    encode_source, target_embedding, decoders, decoder_norm = _translator_parts(model)
     to_logits = _logits_fn(model, target_embedding)
 
     def encode(encoder_inputs, max_length):
-        encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
-        mask = ops.not_equal(encoder_inputs, 0)  # (B, S)
-        x = source_embedding(encoder_inputs)
-        for block in encoders:
-            x = block(x, padding_mask=mask)
-        if encoder_norm is not None:
-            x = encoder_norm(x)
-        batch = ops.shape(encoder_inputs)[0]
+        x, mask = encode_source(encoder_inputs)
+        batch = ops.shape(mask)[0]
         return {
             "memory_mask": mask,
             "cross": tuple(
@@ -298,30 +364,12 @@ def transformer_translator_alignment(model: keras.Model):
     heads, in a teacher-forced pass: the alignment drawn in the lectures'
     heatmaps (and served by the `translate_with_alignment` signature).
     """
-    config = translator_config(model)
-    shared = config["shared_vocabulary"]
-    source_embedding = model.get_layer(
-        "shared_embedding" if shared else "source_embedding"
-    )
-    target_embedding = model.get_layer(
-        "shared_embedding" if shared else "target_embedding"
-    )
-    encoders = _blocks(model, "encoder", config["num_encoder_layers"])
-    decoders = _blocks(model, "decoder", config["num_decoder_layers"])
-    encoder_norm = (
-        model.get_layer("encoder_norm") if config["normalize_first"] else None
-    )
+    encode_source, target_embedding, decoders, _ = _translator_parts(model)
 
     def align(encoder_inputs, decoder_inputs):
-        encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
         decoder_inputs = ops.convert_to_tensor(decoder_inputs, "int32")
-        source_mask = ops.not_equal(encoder_inputs, 0)
         target_mask = ops.not_equal(decoder_inputs, 0)
-        x = source_embedding(encoder_inputs)
-        for block in encoders:
-            x = block(x, padding_mask=source_mask)
-        if encoder_norm is not None:
-            x = encoder_norm(x)
+        x, source_mask = encode_source(encoder_inputs)
         y = target_embedding(decoder_inputs)
         for block in decoders:
             y, scores = block(

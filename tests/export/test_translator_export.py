@@ -1,20 +1,37 @@
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_attn.export import check_servable, export_translator
-from keras_attn.models import rnn_translator, transformer_translator
+from keras_attn.models import (
+    bert_transformer_translator,
+    load_bert_checkpoint,
+    rnn_translator,
+    transformer_translator,
+)
 from tests.export.conftest import nasty_batch
+from tests.test_case import write_bert_checkpoint
 
 pytestmark = pytest.mark.tf_only
 
 MAX_LENGTH = 10
 
 
-@pytest.fixture(scope="module", params=["transformer", "rnn"])
+@pytest.fixture(scope="module", params=["transformer", "rnn", "bert"])
 def exported(request, small_tokenizer, tmp_path_factory):
     vocabulary = small_tokenizer.vocabulary_size
-    if request.param == "transformer":
+    source_tokenizer = small_tokenizer
+    if request.param == "bert":  # a pretrained encoder with WordPiece sources
+        checkpoint = load_bert_checkpoint(
+            write_bert_checkpoint(tmp_path_factory.mktemp("bert"), seed=5)
+        )
+        model = bert_transformer_translator(
+            checkpoint, vocabulary, num_decoder_layers=1, intermediate_dim=32
+        )
+        source_tokenizer = checkpoint.tokenizer()
+    elif request.param == "transformer":
         model = transformer_translator(
             vocabulary,
             vocabulary,
@@ -31,7 +48,7 @@ def exported(request, small_tokenizer, tmp_path_factory):
     base = tmp_path_factory.mktemp("export")
     path = export_translator(
         model,
-        small_tokenizer,
+        source_tokenizer,
         small_tokenizer,
         base,
         max_length=MAX_LENGTH,
@@ -44,6 +61,37 @@ def test_servable_with_both_signatures(exported):
     report = check_servable(exported, verbose=False)
     assert report.ok, str(report)
     assert report.signatures == ["serving_default", "translate_with_alignment"]
+
+
+def test_wordpiece_sources_are_served_as_the_encoder_reads_them(
+    small_tokenizer, tmp_path
+):
+    checkpoint = load_bert_checkpoint(write_bert_checkpoint(tmp_path, seed=5))
+    model = bert_transformer_translator(
+        checkpoint, small_tokenizer.vocabulary_size, num_decoder_layers=1
+    )
+    path = export_translator(
+        model,
+        checkpoint.tokenizer(),
+        small_tokenizer,
+        tmp_path / "export",
+        max_length=8,
+    )
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["source_tokenizer"] == "WordPieceTokenizer"
+    align = tf.saved_model.load(str(path)).signatures["translate_with_alignment"]
+    tokens = align(text=tf.constant(["The film is GREAT!", "unaffable"]))
+    source_tokens = tokens["source_tokens"].numpy().tolist()
+    assert source_tokens[0][:7] == [
+        b"[CLS]",
+        b"the",
+        b"film",
+        b"is",
+        b"great",
+        b"!",
+        b"[SEP]",
+    ]
+    assert source_tokens[1][:5] == [b"[CLS]", b"un", b"##aff", b"##able", b"[SEP]"]
 
 
 def test_bad_input_and_shapes_on_the_export(exported):

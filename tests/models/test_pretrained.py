@@ -1,4 +1,5 @@
-"""Pretrained BERT-style encoders loaded into the sentiment classifier."""
+"""Pretrained BERT-style encoders loaded into the sentiment classifier and
+the translator."""
 
 import json
 import math
@@ -9,8 +10,12 @@ import pytest
 
 from keras_attn.models import (
     bert_sentiment_classifier,
+    bert_transformer_translator,
     load_bert_checkpoint,
     load_minilm,
+    load_pretrained,
+    transformer_translator_decoding,
+    translator_adapter,
 )
 from keras_attn.models.pretrained import read_safetensors
 from tests.test_case import BERT_VOCABULARY, write_bert_checkpoint, write_safetensors
@@ -266,6 +271,110 @@ def test_minilm_matches_transformers():
     cosines = unit @ unit.T
     for row, expected in enumerate(MINILM_COSINES):
         np.testing.assert_allclose(cosines[row, row + 1 :], expected, atol=1e-3)
+
+
+def translator_batch(checkpoint):
+    """WordPiece sources (one padded) and decoder inputs (START, ids, padding)."""
+    ids = checkpoint.tokenizer().tokenize(["The film is great!", "a dull plot"])
+    sources = np.asarray(ids.to_tensor())
+    decoder_inputs = np.array([[2, 7, 9, 5, 4], [2, 11, 6, 0, 0]], "int32")
+    return sources, decoder_inputs
+
+
+def test_translator_encoder_equals_numpy_bert(checkpoint_dir):
+    checkpoint = load_bert_checkpoint(checkpoint_dir)
+    model = bert_transformer_translator(
+        checkpoint, 40, num_decoder_layers=2, num_heads=2, intermediate_dim=24
+    )
+    sources, _ = translator_batch(checkpoint)
+    assert (sources == 0).any()
+    encoder = keras.Model(
+        model.input["encoder_inputs"], model.get_layer("encoder_1").output
+    )
+    states = np.asarray(encoder(sources))  # (B, S, d)
+    real = sources != 0
+    pooled = (states * real[..., None]).sum(1) / real.sum(1, keepdims=True)
+    expected = numpy_bert_mean_pooled(checkpoint.weights, checkpoint.config, sources)
+    np.testing.assert_allclose(pooled, expected, atol=2e-5)
+    # The decoder has the checkpoint's width by default and its own sizes here.
+    block = model.get_layer("decoder_0")
+    assert (block.num_heads, block.intermediate_dim) == (2, 24)
+    assert model.get_layer("target_embedding").embedding_dim == 16
+
+
+def test_translator_freezes_the_token_embeddings_and_trains_the_rest(
+    checkpoint_dir, tmp_path
+):
+    checkpoint = load_bert_checkpoint(checkpoint_dir)
+    keras.utils.set_random_seed(1)
+    model = bert_transformer_translator(checkpoint, 40, dropout=0.0)
+    frozen = model.get_layer("source_embedding")
+    assert not frozen.trainable
+    trainable = {id(w) for w in model.trainable_weights}
+    assert not any(id(w) in trainable for w in frozen.weights)
+    assert all(id(w) in trainable for w in model.get_layer("encoder_0").weights)
+    sources, decoder_inputs = translator_batch(checkpoint)
+    targets = np.concatenate([decoder_inputs[:, 1:], np.zeros((2, 1), "int32")], 1)
+    before = [w.copy() for w in model.get_weights()]
+    table = frozen.get_weights()
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    inputs = {"encoder_inputs": sources, "decoder_inputs": decoder_inputs}
+    model.fit(inputs, targets, epochs=2, verbose=0)
+    for a, b in zip(frozen.get_weights(), table, strict=True):
+        np.testing.assert_array_equal(a, b)
+    changed = sum(
+        not np.array_equal(a, b)
+        for a, b in zip(model.get_weights(), before, strict=True)
+    )
+    assert changed == len(model.trainable_weights)
+    # Saved and loaded, the model computes the same and keeps the table frozen.
+    model.save(tmp_path / "t.keras")
+    restored = keras.models.load_model(tmp_path / "t.keras")
+    np.testing.assert_allclose(
+        np.asarray(restored(inputs)), np.asarray(model(inputs)), atol=1e-5
+    )
+    assert len(restored.trainable_weights) == len(model.trainable_weights)
+    # With freeze_token_embeddings=False the table trains too.
+    unfrozen = bert_transformer_translator(
+        checkpoint, 40, freeze_token_embeddings=False
+    )
+    assert len(unfrozen.trainable_weights) == len(model.trainable_weights) + 2
+
+
+def test_translator_decoding_matches_the_teacher_forced_model(checkpoint_dir):
+    checkpoint = load_bert_checkpoint(checkpoint_dir)
+    keras.utils.set_random_seed(2)
+    model = bert_transformer_translator(checkpoint, 40, dropout=0.0)
+    sources, decoder_inputs = translator_batch(checkpoint)
+    expected = np.asarray(
+        model({"encoder_inputs": sources, "decoder_inputs": decoder_inputs})
+    )
+    encode, next_fn = transformer_translator_decoding(model)
+    cache = encode(sources, decoder_inputs.shape[1])
+    logits = []
+    for index in range(decoder_inputs.shape[1]):  # one token per call
+        step, cache = next_fn(decoder_inputs[:, index : index + 1], cache, index)
+        logits.append(np.asarray(step)[:, 0])
+    logits = np.stack(logits, axis=1)
+    real = decoder_inputs != 0
+    np.testing.assert_allclose(logits[real], expected[real], atol=1e-4)
+    adapter = translator_adapter(model)
+    tokens, scores = adapter.beam_search_fn(6, beam_width=3)(sources)
+    assert np.asarray(tokens).shape == (2, 6) and np.isfinite(np.asarray(scores)).all()
+    alignment = np.asarray(adapter.alignment(sources, decoder_inputs))
+    assert alignment.shape == (2, 5, sources.shape[1])
+    np.testing.assert_allclose(alignment.sum(-1)[real], 1.0, atol=1e-5)
+    assert (alignment[1][:, sources[1] == 0] == 0).all()  # padding gets nothing
+
+
+def test_load_pretrained_names(checkpoint_dir):
+    assert load_pretrained("none") is None
+    assert load_pretrained(checkpoint_dir).hidden_size == 16
+    with pytest.raises(ValueError, match="must be a BERT checkpoint directory"):
+        load_pretrained(checkpoint_dir / "missing")
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
