@@ -433,9 +433,9 @@ def example_defaults(name, smoke):
     """The script's module and its defaults (`--smoke`: its smoke settings)."""
     module = load_example(name)
     argv = ["--smoke"] if smoke else []
-    if name == "sentiment":
-        # The classifier trained from scratch, the recipe's kind of model; the
-        # default fine-tuned MiniLM is compared with keras-hub's BERT in
+    if name in ("sentiment", "translation"):
+        # The models trained from scratch, the recipes' kind of model; the
+        # fine-tuned MiniLM classifier is compared with keras-hub's BERT in
         # benchmarks/pretrained_bench.py.
         argv.extend(["--pretrained", "none"])
     args = module.parse_args(argv)

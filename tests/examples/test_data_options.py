@@ -83,6 +83,49 @@ def test_scripts_refuse_a_negative_weight_decay(name, capsys):
     )
 
 
+def test_translate_defaults_follow_the_model_and_the_encoder():
+    script = load_script("translate")
+    transformer = script.parse_args([])
+    assert transformer.pretrained == "minilm" and transformer.size is None
+    assert (transformer.learning_rate, transformer.lr_hold) == (3e-4, 0.5)
+    rnn = script.parse_args(["--model", "rnn"])
+    assert (rnn.pretrained, rnn.size, rnn.learning_rate) == ("none", "base", 1e-3)
+    scratch = script.parse_args(["--pretrained", "none", "--dropout", "0.3"])
+    assert (scratch.size, scratch.dropout, scratch.lr_hold) == ("base", 0.3, 0.8)
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--pretrained", "minilm", "--model", "rnn"], "--model rnn"),
+        (["--size", "small"], "--size"),
+        (["--subword-sampling", "0.5"], "--subword-sampling"),
+    ],
+)
+def test_translate_refuses_scratch_options_with_a_pretrained_encoder(
+    flags, named, capsys
+):
+    script = load_script("translate")
+    with pytest.raises(SystemExit) as raised:
+        script.parse_args(flags)
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert (
+        f"{named} apply to translators trained from scratch: add --pretrained none"
+    ) in error
+    assert f"Received: {named} with --pretrained minilm" in error
+
+
+def test_translate_refuses_a_pretrained_name_that_is_no_directory(tmp_path, capsys):
+    script = load_script("translate")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--pretrained", str(tmp_path / "nowhere")])
+    assert (
+        "--pretrained takes minilm, none or a BERT checkpoint directory. "
+        f"Received: '{tmp_path / 'nowhere'}' (not a directory)"
+    ) in capsys.readouterr().err
+
+
 def test_subword_sampling_refuses_a_negative_alpha(capsys):
     script = load_script("translate")
     assert script.parse_args([]).subword_sampling == 0.0  # off

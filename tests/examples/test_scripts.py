@@ -106,7 +106,14 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
 def test_translate_smoke(tmp_path):
     out = tmp_path / "run"
     stdout = run_script(
-        "translate.py", "--smoke", "--data", FIXTURES / "de_en_pairs.tsv", "--out", out
+        "translate.py",
+        "--smoke",
+        "--pretrained",
+        "none",
+        "--data",
+        FIXTURES / "de_en_pairs.tsv",
+        "--out",
+        out,
     )
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     for split in ("validation", "test"):  # one line each when not on a terminal
@@ -126,6 +133,8 @@ def test_translate_smoke_with_subword_sampling(tmp_path):
     run_script(
         "translate.py",
         "--smoke",
+        "--pretrained",
+        "none",
         "--data",
         FIXTURES / "de_en_pairs.tsv",
         "--subword-sampling",
@@ -140,6 +149,39 @@ def test_translate_smoke_with_subword_sampling(tmp_path):
     # The sampled training set keeps its stated number of batches.
     assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] > 0
     assert metrics["test_sentences"] > 0 and "test_bleu" in metrics
+
+
+def test_translate_smoke_with_a_pretrained_encoder(tmp_path):
+    from tests.test_case import write_bert_checkpoint
+
+    checkpoint = write_bert_checkpoint(tmp_path / "bert")
+    out = tmp_path / "run"
+    run_script(
+        "translate.py",
+        "--smoke",
+        "--pretrained",
+        checkpoint,
+        "--data",
+        FIXTURES / "de_en_pairs.tsv",
+        "--out",
+        out,
+    )
+    run = json.loads((out / "metrics.json").read_text())
+    config, metrics = run["config"], run["metrics"]
+    assert (config["learning_rate"], config["lr_hold"], config["dropout"]) == (
+        3e-4,
+        0.5,
+        0.1,
+    )
+    assert config["size"] is None
+    assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] > 0
+    # A German-only target vocabulary; the source is the encoder's WordPiece.
+    assert (out / "vocab" / "de.model").is_file()
+    assert not (out / "vocab" / "en_de.model").exists()
+    export = out / "export" / "translator" / "1"
+    metadata = json.loads((export / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["source_tokenizer"] == "WordPieceTokenizer"
+    assert (out / "plots" / "alignment_0.png").is_file()
 
 
 def test_language_model_resumes_after_a_kill(tmp_path):
