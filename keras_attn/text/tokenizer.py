@@ -35,6 +35,34 @@ class TokenizerLayer(keras.layers.Layer):
         shape = (*inputs.shape, length) if length else (*inputs.shape, None)
         return keras.KerasTensor(shape, dtype="int32")
 
+    @staticmethod
+    def _text_batch(inputs):
+        """`(texts [B], scalar)`: a string or a 1-D batch of strings as a
+        batch, and whether it was a single string."""
+        inputs = tf.convert_to_tensor(inputs, dtype=tf.string)
+        scalar = inputs.shape.rank == 0
+        return (inputs[tf.newaxis] if scalar else inputs), scalar
+
+    @staticmethod
+    def _id_batch(ids):
+        """`(int32 ids [B, T], scalar)`: dense or ragged ids, `[B, T]` or
+        `[T]`, as a batch, and whether they were a single sequence."""
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.convert_to_tensor(ids)
+        ids = tf.cast(ids, tf.int32)
+        scalar = ids.shape.rank == 1
+        return (ids[tf.newaxis] if scalar else ids), scalar
+
+    def _tokenized(self, ids, scalar):
+        """`tokenize`'s result from ragged ids `[B, None]`: dense `[B,
+        sequence_length]` (truncated, padded with `PAD_ID`) when the length is
+        set, and without the batch axis for a single string."""
+        if self.sequence_length is not None:
+            ids = ids[:, : self.sequence_length].to_tensor(
+                default_value=PAD_ID, shape=[None, self.sequence_length]
+            )  # (B, L)
+        return ids[0] if scalar else ids
+
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class SubwordTokenizer(TokenizerLayer):
@@ -216,10 +244,7 @@ class SubwordTokenizer(TokenizerLayer):
         return self._tokenize(inputs, alpha=float(alpha))
 
     def _tokenize(self, inputs, alpha):
-        inputs = tf.convert_to_tensor(inputs, dtype=tf.string)
-        scalar = inputs.shape.rank == 0
-        if scalar:
-            inputs = inputs[tf.newaxis]
+        inputs, scalar = self._text_batch(inputs)
         if alpha is not None:
             # Sampling: nbest_size -1 draws from every segmentation. Built where
             # it is used, like `_graph_sentencepiece` (a tf.data map traces it).
@@ -230,13 +255,7 @@ class SubwordTokenizer(TokenizerLayer):
             ids = self._eager(lambda sp: sp.tokenize(inputs))  # (B, None)
         else:
             ids = self._graph_sentencepiece().tokenize(inputs)  # (B, None)
-        if self.sequence_length is not None:
-            ids = ids[:, : self.sequence_length].to_tensor(
-                default_value=PAD_ID, shape=[None, self.sequence_length]
-            )  # (B, L)
-        if scalar:
-            ids = ids[0]
-        return ids
+        return self._tokenized(ids, scalar)
 
     def detokenize(self, ids):
         """Token ids back to text.
@@ -253,12 +272,7 @@ class SubwordTokenizer(TokenizerLayer):
         Returns:
             A `tf.string` tensor `[batch]`, or a scalar for `[length]` ids.
         """
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.convert_to_tensor(ids)
-        ids = tf.cast(ids, tf.int32)
-        scalar = ids.shape.rank == 1
-        if scalar:
-            ids = ids[tf.newaxis]
+        ids, scalar = self._id_batch(ids)
         if isinstance(ids, tf.RaggedTensor):
             ids = ids.to_tensor(default_value=PAD_ID)  # (B, T)
         ended = tf.cumsum(tf.cast(ids == END_ID, tf.int32), axis=-1, exclusive=True)
@@ -268,9 +282,7 @@ class SubwordTokenizer(TokenizerLayer):
             texts = self._eager(lambda sp: sp.detokenize(kept))
         else:
             texts = self._graph_sentencepiece().detokenize(kept)
-        if scalar:
-            texts = texts[0]
-        return texts
+        return texts[0] if scalar else texts
 
     def save_proto(self, path: str | os.PathLike) -> Path:
         """Write the SentencePiece model to `path` (load it with `from_file`)."""

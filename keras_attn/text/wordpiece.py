@@ -168,10 +168,7 @@ class WordPieceTokenizer(TokenizerLayer):
             set; for a single string, the same without the batch axis. An
             empty text gives `[CLS] [SEP]`.
         """
-        inputs = tf.convert_to_tensor(inputs, dtype=tf.string)
-        scalar = inputs.shape.rank == 0
-        if scalar:
-            inputs = inputs[tf.newaxis]
+        inputs, scalar = self._text_batch(inputs)
         pieces = self._fast_bert().tokenize(inputs)  # (B, None)
         limits = [n for n in (self.max_length, self.sequence_length) if n is not None]
         if limits:
@@ -184,14 +181,8 @@ class WordPieceTokenizer(TokenizerLayer):
                 tf.RaggedTensor.from_tensor(tf.fill([rows, 1], self.sep_id)),
             ],
             axis=1,
-        )  # (B, None)
-        if self.sequence_length is not None:
-            ids = ids.to_tensor(
-                default_value=PAD_ID, shape=[None, self.sequence_length]
-            )  # (B, L)
-        if scalar:
-            ids = ids[0]
-        return ids
+        )  # (B, None), within sequence_length already
+        return self._tokenized(ids, scalar)
 
     def detokenize(self, ids):
         """Ids back to text: the word pieces joined into words, separated by
@@ -204,19 +195,12 @@ class WordPieceTokenizer(TokenizerLayer):
         Returns:
             A `tf.string` tensor `[batch]`, or a scalar for `[length]` ids.
         """
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.convert_to_tensor(ids)
-        ids = tf.cast(ids, tf.int32)
-        scalar = ids.shape.rank == 1
-        if scalar:
-            ids = ids[tf.newaxis]
+        ids, scalar = self._id_batch(ids)
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.RaggedTensor.from_tensor(ids)
         keep = (ids != PAD_ID) & (ids != self.cls_id) & (ids != self.sep_id)
         texts = self._fast_bert().detokenize(tf.ragged.boolean_mask(ids, keep))
-        if scalar:
-            texts = texts[0]
-        return texts
+        return texts[0] if scalar else texts
 
     def save_vocabulary(self, path: str | os.PathLike) -> Path:
         """Write the pieces to `path`, one a line (a `vocab.txt`)."""
