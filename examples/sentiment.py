@@ -182,7 +182,8 @@ def parse_args(argv=None):
         batch_size=32,
     )
     mode = training.pretrained_mode(parser, argv)
-    parser.set_defaults(default_epochs=DEFAULTS[mode]["epochs"])
+    defaults = dict(DEFAULTS[mode])
+    parser.set_defaults(default_epochs=defaults.pop("epochs"), **defaults)
     args = training.parse_run_args(parser, argv)
     if mode == "pretrained":
         given = [f for f in SCRATCH_ONLY if getattr(args, f) is not None]
@@ -193,9 +194,6 @@ def parse_args(argv=None):
                 "(--pretrained none); a pretrained encoder fixes it. Received: "
                 f"{flags} with --pretrained {args.pretrained}"
             )
-    training.apply_defaults(
-        args, {k: v for k, v in DEFAULTS[mode].items() if k != "epochs"}
-    )
     args.extra_domains = [d for d in args.extra_domains.split(",") if d.strip()]
     unknown = sorted(set(args.extra_domains) - set(EXTRA_DOMAINS))
     if unknown:

@@ -595,13 +595,6 @@ def pretrained_mode(parser, argv=None) -> str:
     return "pretrained"
 
 
-def apply_defaults(args, defaults: dict) -> None:
-    """Give each option of `defaults` left at `None` its default there."""
-    for flag, value in defaults.items():
-        if getattr(args, flag, None) is None:
-            setattr(args, flag, value)
-
-
 def parse_run_args(parser, argv=None):
     """Parse, give `--epochs` its default (1 with `--smoke`), resolve
     `--verbose` to Keras' 1 or 2, turn

@@ -34,7 +34,6 @@ def translator_config(model: keras.Model) -> dict:
             "kind": "transformer",
             "num_encoder_layers": _count(model, "encoder"),
             "num_decoder_layers": _count(model, "decoder"),
-            "normalize_first": _has(model, "decoder_norm"),
             "shared_vocabulary": _has(model, "shared_embedding"),
             # Each optional layer norm: absent from post-norm stacks; a
             # pretrained BERT encoder has post-norm blocks, an embedding norm
