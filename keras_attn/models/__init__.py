@@ -24,6 +24,7 @@ from keras_attn.models.sentiment_classifier import (
 from keras_attn.models.transformer import (
     transformer_language_model,
     transformer_language_model_decoding,
+    transformer_language_model_states,
     transformer_translator,
     transformer_translator_alignment,
     transformer_translator_decoding,
@@ -49,6 +50,7 @@ __all__ = [
     "sentiment_token_weights",
     "transformer_language_model",
     "transformer_language_model_decoding",
+    "transformer_language_model_states",
     "transformer_translator",
     "transformer_translator_alignment",
     "transformer_translator_decoding",

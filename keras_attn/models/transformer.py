@@ -229,6 +229,24 @@ def transformer_language_model(
     return model
 
 
+def transformer_language_model_states(model: keras.Model) -> keras.Model:
+    """`token_ids -> (states, logits)` of a `transformer_language_model`.
+
+    `states` `(batch, T, d)` are the last hidden states, those the output
+    projection turns into `logits` (after the final norm of a pre-norm
+    model): what `keras_attn.ops.continuous_cache_stream_probabilities`
+    remembers. The weights are the model's own; one call gives both outputs.
+    """
+    config = language_model_config(model)
+    if config["normalize_first"]:
+        states = model.get_layer("final_norm").output
+    else:
+        states = model.get_layer(f"decoder_{config['num_layers'] - 1}").output
+    return keras.Model(
+        model.inputs, [states, model.output], name=f"{model.name}_states"
+    )
+
+
 def _blocks(model, prefix, count):
     return [model.get_layer(f"{prefix}_{index}") for index in range(count)]
 

@@ -2,6 +2,12 @@
 
 from keras_attn.ops.attention import dot_product_attention, weighted_sum
 from keras_attn.ops.cache import update_cache
+from keras_attn.ops.continuous_cache import (
+    continuous_cache_log_probs,
+    continuous_cache_mixture,
+    continuous_cache_probabilities,
+    continuous_cache_stream_probabilities,
+)
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
     causal_mask,
@@ -27,6 +33,10 @@ __all__ = [
     "causal_mask",
     "combine_masks",
     "concat_score",
+    "continuous_cache_log_probs",
+    "continuous_cache_mixture",
+    "continuous_cache_probabilities",
+    "continuous_cache_stream_probabilities",
     "dot_product_attention",
     "dot_score",
     "general_score",

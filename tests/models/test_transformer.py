@@ -7,6 +7,7 @@ from keras_attn.models import (
     rnn_translator,
     transformer_language_model,
     transformer_language_model_decoding,
+    transformer_language_model_states,
     transformer_translator,
     translator_adapter,
 )
@@ -120,6 +121,23 @@ def test_language_model_is_causal_and_ties_embeddings():
     assert len(untied.trainable_weights) == len(model.trainable_weights) + 2
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"tie_embeddings": False}, {"normalize_first": False}],
+    ids=["pre_norm_tied", "untied", "post_norm"],
+)
+def test_language_model_states_are_what_the_output_projection_sees(kwargs):
+    model = small_language_model(**kwargs)
+    states, logits = transformer_language_model_states(model)(TOKENS)
+    assert tuple(states.shape) == (2, 6, 16)
+    np.testing.assert_allclose(to_numpy(logits), to_numpy(model(TOKENS)), atol=1e-6)
+    if kwargs.get("tie_embeddings", True):
+        projected = model.get_layer("embedding")(states, reverse=True)
+    else:
+        projected = model.get_layer("logits")(states)
+    np.testing.assert_allclose(to_numpy(projected), to_numpy(logits), atol=1e-5)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="shared vocabulary needs equal"):
         transformer_translator(10, 12, shared_vocabulary=True)
@@ -127,3 +145,5 @@ def test_bad_arguments():
         transformer_language_model(10, num_layers=0)
     with pytest.raises(ValueError, match="rnn_translator or transformer_translator"):
         translator_adapter(small_language_model())
+    with pytest.raises(ValueError, match="Expected a model built by transformer_lang"):
+        transformer_language_model_states(small_translator())

@@ -1,0 +1,245 @@
+"""The continuous cache (Grave et al. 2017) over a token stream."""
+
+import math
+
+import numpy as np
+import pytest
+
+from keras_attn.ops import (
+    continuous_cache_log_probs,
+    continuous_cache_mixture,
+    continuous_cache_probabilities,
+    continuous_cache_stream_probabilities,
+)
+from tests.test_case import to_numpy
+
+
+def naive_cache(states, targets, documents, theta, window):
+    """One position at a time, straight from the paper's formula."""
+    probabilities, has_memory = [], []
+    for t in range(len(targets)):
+        memory = [
+            i
+            for i in range(t)
+            if documents[i] == documents[t] and (window is None or i >= t - window)
+        ]
+        if not memory:
+            probabilities.append(0.0)
+            has_memory.append(False)
+            continue
+        scores = np.array([theta * float(states[t] @ states[i]) for i in memory])
+        weights = np.exp(scores - scores.max())
+        weights /= weights.sum()
+        probabilities.append(
+            sum(
+                w
+                for w, i in zip(weights, memory, strict=True)
+                if targets[i] == targets[t]
+            )
+        )
+        has_memory.append(True)
+    return np.array(probabilities), np.array(has_memory)
+
+
+def test_hand_checked_stream():
+    # h0 = h2 = [1, 0], h1 = [0, 1]; targets 5, 7, 5; theta 1.
+    states = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], "float32")
+    targets = np.array([5, 7, 5])
+    probabilities, has_memory = continuous_cache_stream_probabilities(
+        states, targets, np.zeros(3, int), theta=1.0
+    )
+    # Position 0: no memory. Position 1: all weight on position 0, whose next
+    # token is 5, not 7. Position 2: scores 1 (h0) and 0 (h1), weights
+    # e / (e + 1) and 1 / (e + 1); only position 0 was followed by 5.
+    np.testing.assert_array_equal(has_memory, [False, True, True])
+    np.testing.assert_allclose(
+        probabilities, [0.0, 0.0, math.e / (math.e + 1)], atol=1e-6
+    )
+    # The mixture at lambda 0.5 with model probabilities 0.1, 0.2, 0.3: the
+    # model alone at position 0, halves elsewhere.
+    log_probs = continuous_cache_mixture(
+        np.log([0.1, 0.2, 0.3]), probabilities, has_memory, 0.5
+    )
+    np.testing.assert_allclose(
+        np.exp(log_probs),
+        [0.1, 0.5 * 0.2, 0.5 * 0.3 + 0.5 * math.e / (math.e + 1)],
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize(
+    "window, chunk_size",
+    [(None, 512), (None, 3), (4, 3), (4, 16), (1, 5), (50, 7)],
+)
+def test_stream_matches_the_formula_position_by_position(window, chunk_size):
+    rng = np.random.default_rng(0)
+    length = 40
+    states = rng.normal(size=(length, 6)).astype("float32")
+    targets = rng.integers(4, 9, size=length)  # few ids: many repeats
+    # Three documents, one of a single position, chunks crossing them.
+    documents = np.array([0] * 17 + [1] + [2] * 22)
+    expected, expected_memory = naive_cache(states, targets, documents, 0.7, window)
+    probabilities, has_memory = continuous_cache_stream_probabilities(
+        states, targets, documents, theta=0.7, window=window, chunk_size=chunk_size
+    )
+    np.testing.assert_array_equal(has_memory, expected_memory)
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+    # Every document's first position, and only it, has no memory.
+    assert list(np.flatnonzero(~has_memory)) == [0, 17, 18]
+
+
+def test_the_cache_never_crosses_documents():
+    # Document 1 repeats document 0's tokens with the same states: its first
+    # position must not find them.
+    states = np.ones((4, 2), "float32")
+    targets = np.array([9, 9, 9, 9])
+    probabilities, has_memory = continuous_cache_stream_probabilities(
+        states, targets, np.array([0, 0, 1, 1]), theta=1.0
+    )
+    np.testing.assert_array_equal(has_memory, [False, True, False, True])
+    np.testing.assert_allclose(probabilities, [0.0, 1.0, 0.0, 1.0])
+
+
+def test_chunk_op_masks_and_normalises():
+    query = np.array([[1.0, 0.0], [0.0, 2.0]], "float32")
+    memory = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], "float32")
+    next_ids = np.array([3, 4, 3])
+    targets = np.array([3, 4])
+    mask = np.array([[True, True, True], [False, False, False]])
+    probabilities, has_memory = continuous_cache_probabilities(
+        query, memory, next_ids, targets, mask, theta=2.0
+    )
+    scores = 2.0 * np.array([1.0, 0.0, 1.0])
+    weights = np.exp(scores) / np.exp(scores).sum()
+    np.testing.assert_allclose(
+        to_numpy(probabilities), [weights[0] + weights[2], 0.0], atol=1e-6
+    )
+    np.testing.assert_array_equal(to_numpy(has_memory), [True, False])
+
+
+def test_mixture_lambda_zero_is_the_model_and_log_space_stays_finite():
+    model_log_probs = np.array([-0.5, -200.0, -300.0], "float32")
+    probabilities = np.array([0.4, 0.0, 0.25], "float32")
+    has_memory = np.array([True, True, True])
+    np.testing.assert_allclose(
+        continuous_cache_mixture(model_log_probs, probabilities, has_memory, 0.0),
+        model_log_probs,
+    )
+    mixed = continuous_cache_mixture(model_log_probs, probabilities, has_memory, 0.2)
+    # exp(-200) underflows float32, the log-space sum does not.
+    np.testing.assert_allclose(mixed[1], -200.0 + math.log(0.8), rtol=1e-6)
+    np.testing.assert_allclose(mixed[2], math.log(0.2 * 0.25), rtol=1e-6)
+    np.testing.assert_allclose(
+        mixed[0], math.log(0.8 * math.exp(-0.5) + 0.2 * 0.4), rtol=1e-6
+    )
+
+
+def test_log_probs_compose_stream_and_mixture():
+    rng = np.random.default_rng(1)
+    states = rng.normal(size=(12, 4)).astype("float32")
+    targets = rng.integers(0, 3, size=12)
+    documents = np.array([0] * 5 + [1] * 7)
+    model_log_probs = np.log(rng.uniform(0.05, 0.9, size=12)).astype("float32")
+    expected, memory = naive_cache(states, targets, documents, 0.3, None)
+    expected = np.where(
+        memory,
+        np.log(0.7 * np.exp(model_log_probs) + 0.3 * expected),
+        model_log_probs,
+    )
+    np.testing.assert_allclose(
+        continuous_cache_log_probs(
+            states, targets, model_log_probs, documents, theta=0.3, lam=0.3
+        ),
+        expected,
+        rtol=1e-5,
+    )
+
+
+def test_an_empty_stream_gives_empty_arrays():
+    probabilities, has_memory = continuous_cache_stream_probabilities(
+        np.zeros((0, 3)), np.zeros((0,), int), np.zeros((0,), int), theta=1.0
+    )
+    assert probabilities.shape == has_memory.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"theta": 0.0}, "`theta` must be a positive number. Received: theta=0.0"),
+        ({"theta": True}, "Received: theta=True"),
+        (
+            {"window": 0},
+            "`window` must be a positive integer or None. Received: window=0",
+        ),
+        (
+            {"chunk_size": 2.5},
+            "`chunk_size` must be a positive integer. Received: chunk_size=2.5",
+        ),
+    ],
+)
+def test_bad_stream_arguments_are_named(kwargs, message):
+    arguments = {"theta": 1.0, **kwargs}
+    with pytest.raises(
+        ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
+        continuous_cache_stream_probabilities(
+            np.zeros((2, 3)), np.zeros(2, int), np.zeros(2, int), **arguments
+        )
+
+
+def test_mismatched_lengths_and_unsorted_documents_are_refused():
+    with pytest.raises(
+        ValueError, match=r"`states` must have one row per target \(3\)"
+    ):
+        continuous_cache_stream_probabilities(
+            np.zeros((2, 3)), np.zeros(3, int), np.zeros(3, int), theta=1.0
+        )
+    with pytest.raises(ValueError, match="`document_ids` must be non-decreasing"):
+        continuous_cache_stream_probabilities(
+            np.zeros((3, 3)), np.zeros(3, int), np.array([0, 1, 0]), theta=1.0
+        )
+    with pytest.raises(ValueError, match=r"`model_log_probs` must have one row"):
+        continuous_cache_log_probs(
+            np.zeros((3, 3)),
+            np.zeros(3, int),
+            np.zeros(2),
+            np.zeros(3, int),
+            theta=1.0,
+            lam=0.1,
+        )
+
+
+@pytest.mark.parametrize("lam", [1.0, -0.1, "0.5"])
+def test_bad_lambda_is_named(lam):
+    with pytest.raises(ValueError, match=r"`lam` must be a number in \[0, 1\)"):
+        continuous_cache_mixture(np.zeros(2), np.zeros(2), np.ones(2, bool), lam)
+
+
+def test_cache_and_mixture_are_distributions_over_the_vocabulary():
+    # For one query, asking for every token of the vocabulary in turn: the
+    # cache's probabilities sum to 1 (0 without memory), and so does the
+    # mixture with any model distribution.
+    rng = np.random.default_rng(2)
+    vocabulary, length = 6, 9
+    states = rng.normal(size=(length, 4)).astype("float32")
+    next_ids = rng.integers(0, vocabulary, size=length)
+    model_probs = rng.dirichlet(np.ones(vocabulary)).astype("float32")
+    for query in (0, 5, 8):
+        candidates = np.arange(vocabulary)
+        mask = np.broadcast_to(np.arange(length) < query, (vocabulary, length))
+        probabilities, has_memory = continuous_cache_probabilities(
+            np.repeat(states[query : query + 1], vocabulary, axis=0),
+            states,
+            next_ids,
+            candidates,
+            mask,
+            theta=0.8,
+        )
+        probabilities = to_numpy(probabilities)
+        np.testing.assert_allclose(
+            probabilities.sum(), 1.0 if query else 0.0, atol=1e-6
+        )
+        mixed = continuous_cache_mixture(
+            np.log(model_probs), probabilities, to_numpy(has_memory), 0.35
+        )
+        np.testing.assert_allclose(np.exp(mixed).sum(), 1.0, atol=1e-5)
