@@ -17,7 +17,12 @@ sees at least `sequence_length - N` tokens of context (a target sees half the
 window on average in windows that do not overlap); metrics.json then keeps the
 figures of the windows that do not overlap too
 (`test_bits_per_character_nonoverlapping`,
-`validation_bits_per_character_nonoverlapping`). Writes to --out: vocab/,
+`validation_bits_per_character_nonoverlapping`). Unless --no-cache, the
+windows that do not overlap are scored once more with a continuous cache
+(Grave et al. 2017: the model's last hidden state attends to its states at
+the earlier positions of the same text, `keras_attn.ops.continuous_cache_*`)
+whose theta and lambda are chosen on the validation text
+(`test_bits_per_character_with_cache`). Writes to --out: vocab/,
 checkpoints/, backup/, logs/, model.keras, metrics.json, plots/ (one head of
 self-attention per layer on a test passage), samples.txt and, unless
 --no-export, the TF Serving export under export/language_model/<version>/.
@@ -36,13 +41,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 
-from keras_attn import generation, training
+from keras_attn import generation, ops, training
 from keras_attn.datasets import Document, load_shakespeare, load_text
 from keras_attn.models import (
     transformer_language_model,
     transformer_language_model_decoding,
+    transformer_language_model_states,
 )
 from keras_attn.text import (
+    START_ID,
     SubwordTokenizer,
     language_model_dataset,
     train_subword_vocabulary,
@@ -107,6 +114,35 @@ def parse_args(argv=None):
         "not overlap, as in training and in the reported figures (a stride of "
         "32 lowered the default model's test figure by 0.3%%)",
     )
+    parser.add_argument(
+        "--cache-theta",
+        type=_floats,
+        default=(0.025, 0.05, 0.1),
+        metavar="T[,T...]",
+        help="continuous cache (Grave et al. 2017; see README): the flatness "
+        "values of its softmax to try on the validation text",
+    )
+    parser.add_argument(
+        "--cache-lambda",
+        type=_floats,
+        default=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+        metavar="L[,L...]",
+        help="the cache's weights in the mixture to try on the validation text "
+        "(each in [0, 1))",
+    )
+    parser.add_argument(
+        "--cache-window",
+        type=int,
+        default=0,
+        metavar="N",
+        help="positions the cache remembers (0: the whole document so far)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="skip the continuous cache's evaluation (its validation search "
+        "takes about half a minute per --cache-theta value on the default data)",
+    )
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--warmup-steps", type=int, default=200)
     parser.add_argument(
@@ -129,9 +165,27 @@ def parse_args(argv=None):
             "--eval-stride must be from 0 to --sequence-length "
             f"({args.sequence_length}). Received: {args.eval_stride}"
         )
+    if not all(theta > 0 for theta in args.cache_theta):
+        parser.error(f"--cache-theta values must be > 0. Received: {args.cache_theta}")
+    if not all(0 <= lam < 1 for lam in args.cache_lambda):
+        parser.error(
+            f"--cache-lambda values must be in [0, 1). Received: {args.cache_lambda}"
+        )
+    if args.cache_window < 0:
+        parser.error(f"--cache-window must be >= 0. Received: {args.cache_window}")
     if args.eval_stride == 0:  # windows that do not overlap
         args.eval_stride = args.sequence_length
     return args
+
+
+def _floats(text):
+    """A comma-separated list of floats (an argparse `type`)."""
+    try:
+        return tuple(float(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers. Received: {text!r}"
+        ) from None
 
 
 def load_data(args):
@@ -150,23 +204,89 @@ def load_data(args):
     return splits
 
 
-def token_nll(model, dataset, title="Scoring", verbose=2):
-    """Total natural-log loss and count of the non-padding targets."""
-    total, count = 0.0, 0
+def stream_log_probs(model, dataset, title="Scoring", verbose=2):
+    """The model's log-probability of every non-padding target, in stream order.
+
+    `model` maps token ids to logits, or to `(states, logits)`
+    (`transformer_language_model_states`). Returns a dict of `(T,)` numpy
+    arrays `log_probs` (float32), `targets` and `inputs` (the token before
+    each target), plus `(T, d)` `states` when the model gives them.
+    """
     batches = int(dataset.cardinality())
     progress = training.progress_bar(title, batches if batches >= 0 else None, verbose)
+    columns = {"log_probs": [], "targets": [], "inputs": [], "states": []}
     for step, (inputs, targets) in enumerate(dataset, start=1):
-        logits = model(inputs, training=False)
+        outputs = model(inputs, training=False)
+        states, logits = (
+            outputs if isinstance(outputs, (list, tuple)) else (None, outputs)
+        )
         log_probs = keras.ops.log_softmax(keras.ops.cast(logits, "float32"), axis=-1)
-        targets = keras.ops.convert_to_tensor(targets)
-        picked = keras.ops.take_along_axis(log_probs, targets[..., None], axis=-1)[
-            ..., 0
-        ]
-        valid = keras.ops.cast(keras.ops.not_equal(targets, 0), "float32")
-        total -= float(keras.ops.sum(picked * valid))
-        count += int(keras.ops.sum(valid))
+        targets = np.asarray(targets)
+        picked = keras.ops.take_along_axis(
+            log_probs, keras.ops.convert_to_tensor(targets)[..., None], axis=-1
+        )[..., 0]
+        valid = targets != 0  # (B, L); padding is not scored
+        columns["log_probs"].append(np.asarray(picked)[valid])
+        columns["targets"].append(targets[valid])
+        columns["inputs"].append(np.asarray(inputs)[valid])
+        if states is not None:
+            columns["states"].append(
+                np.asarray(keras.ops.cast(states, "float32"))[valid]
+            )
         progress.update(step)
-    return total, count
+    return {name: np.concatenate(parts) for name, parts in columns.items() if parts}
+
+
+def cache_search(validation, test, args, verbose=2):
+    """Choose the continuous cache's theta and lambda on the validation text
+    (lowest total loss), then score the test text with them.
+
+    `validation` and `test` are `stream_log_probs` results with states.
+    Returns `(validation_nats, test_nats, chosen, trials)`.
+    """
+    window = args.cache_window or None
+
+    def cache_probabilities(scores, theta):
+        return ops.continuous_cache_stream_probabilities(
+            scores["states"],
+            scores["targets"],
+            np.cumsum(scores["inputs"] == START_ID),  # a document per start token
+            theta=theta,
+            window=window,
+        )
+
+    def nats(scores, probabilities, lam):
+        log_probs = ops.continuous_cache_mixture(
+            scores["log_probs"], *probabilities, lam
+        )
+        return -float(np.sum(log_probs, dtype="float64"))
+
+    trials = []
+    progress = training.progress_bar(
+        "Choosing the continuous cache on the validation text",
+        len(args.cache_theta),
+        verbose,
+    )
+    for step, theta in enumerate(args.cache_theta, start=1):
+        probabilities = cache_probabilities(validation, theta)
+        for lam in args.cache_lambda:
+            trials.append(
+                {
+                    "theta": theta,
+                    "lambda": lam,
+                    "validation_nats": nats(validation, probabilities, lam),
+                }
+            )
+        progress.update(step)
+    chosen = min(trials, key=lambda trial: trial["validation_nats"])
+    theta, lam = chosen["theta"], chosen["lambda"]
+    test_nats = nats(test, cache_probabilities(test, theta), lam)
+    return (
+        chosen["validation_nats"],
+        test_nats,
+        {"theta": theta, "lambda": lam, "window": args.cache_window},
+        trials,
+    )
 
 
 def build_model(args, vocabulary_size):
@@ -245,26 +365,38 @@ def main(argv=None) -> dict:
     def bits_per_character(nats, characters):
         return nats / math.log(2) / characters
 
-    # Windows that do not overlap (as in training and in earlier runs), then
-    # strided windows: every target scored once in both.
-    def score(split, data, windows="windows that do not overlap"):
-        return token_nll(
-            model, data, f"Scoring the {split} text ({windows})", args.verbose
+    # Windows that do not overlap (as in training and in earlier runs), with
+    # the last hidden states for the continuous cache; then strided windows:
+    # every target scored once in both.
+    scorer = transformer_language_model_states(model)
+
+    def score(split, data, windows="windows that do not overlap", scoring=scorer):
+        return stream_log_probs(
+            scoring, data, f"Scoring the {split} text ({windows})", args.verbose
         )
 
-    flat_nats, flat_tokens = score("test", test_data)
-    flat_validation_nats, _ = score("validation", validation_data)
+    def total_nats(scores):
+        return -float(np.sum(scores["log_probs"], dtype="float64"))
+
+    flat_test = score("test", test_data)
+    flat_validation = score("validation", validation_data)
+    flat_nats, flat_tokens = total_nats(flat_test), len(flat_test["targets"])
+    flat_validation_nats = total_nats(flat_validation)
     if not strided:  # the same windows
         nats, tokens, validation_nats = flat_nats, flat_tokens, flat_validation_nats
     else:
         windows = f"windows every {args.eval_stride} tokens"
-        nats, tokens = score(
-            "test", dataset(splits.test, False, stride=args.eval_stride), windows
+        strided_test = score(
+            "test", dataset(splits.test, False, stride=args.eval_stride), windows, model
         )
-        validation_nats, _ = score(
-            "validation",
-            dataset(splits.validation, False, stride=args.eval_stride),
-            windows,
+        nats, tokens = total_nats(strided_test), len(strided_test["targets"])
+        validation_nats = total_nats(
+            score(
+                "validation",
+                dataset(splits.validation, False, stride=args.eval_stride),
+                windows,
+                model,
+            )
         )
     metrics = {
         "test_bits_per_character": bits_per_character(nats, test_characters),
@@ -288,6 +420,32 @@ def main(argv=None) -> dict:
         "steps_per_epoch": steps_per_epoch,
         "optimizer_steps": completed_steps,
     }
+    if not args.no_cache:
+        cache_validation_nats, cache_test_nats, chosen, trials = cache_search(
+            flat_validation, flat_test, args, args.verbose
+        )
+        metrics.update(
+            {
+                "test_bits_per_character_with_cache": bits_per_character(
+                    cache_test_nats, test_characters
+                ),
+                "test_perplexity_with_cache": math.exp(cache_test_nats / flat_tokens),
+                "validation_bits_per_character_with_cache": bits_per_character(
+                    cache_validation_nats, validation_characters
+                ),
+                "cache": chosen,
+                "cache_validation_trials": [
+                    {
+                        "theta": trial["theta"],
+                        "lambda": trial["lambda"],
+                        "validation_bits_per_character": bits_per_character(
+                            trial["validation_nats"], validation_characters
+                        ),
+                    }
+                    for trial in trials
+                ],
+            }
+        )
     samples = write_samples(model, tokenizer, out / "samples.txt", args)
     plots = write_attention_plots(model, tokenizer, splits.test[0].text, out / "plots")
     export_dir = None
@@ -314,6 +472,13 @@ def main(argv=None) -> dict:
             (
                 "test bits per character (non-overlapping)",
                 metrics["test_bits_per_character_nonoverlapping"],
+            )
+        )
+    if not args.no_cache:
+        bits_rows.append(
+            (
+                "test bits per character with the cache (non-overlapping)",
+                metrics["test_bits_per_character_with_cache"],
             )
         )
     print(
