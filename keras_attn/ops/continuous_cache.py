@@ -103,7 +103,10 @@ def continuous_cache_stream_probabilities(
 
     The stream is processed in chunks of `chunk_size` queries, each against
     the memory it can see: the cost is `O(T * window * d)`, the memory
-    `O(chunk_size * (window + chunk_size))`. The probabilities do not depend
+    `O(chunk_size * (window + chunk_size))`, where `window=None` counts as the
+    longest document (a play of 60k tokens: about 120 MB of float32 scores per
+    chunk of 512; give a window, or a smaller chunk, for book-length
+    documents). The probabilities do not depend
     on the mixture's weight, so one pass serves every `lam` tried
     (`continuous_cache_mixture`).
 
