@@ -117,7 +117,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--cache-theta",
         type=_floats,
-        default=(0.025, 0.05, 0.1),
+        default="0.025,0.05,0.1",
         metavar="T[,T...]",
         help="continuous cache (Grave et al. 2017; see README): the flatness "
         "values of its softmax to try on the validation text",
@@ -125,7 +125,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--cache-lambda",
         type=_floats,
-        default=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+        default="0.1,0.2,0.3,0.4,0.5,0.6",
         metavar="L[,L...]",
         help="the cache's weights in the mixture to try on the validation text "
         "(each in [0, 1))",
