@@ -6,8 +6,8 @@ import numbers
 
 from keras import ops
 
+from keras_attn import _validation as v
 from keras_attn.generation import sampler as base
-from keras_attn.layers import _validation as v
 
 # Score of an empty slot (a dead beam, no finished hypothesis yet). Finite, so
 # sums never meet inf - inf; anything below `_NEG / 2` counts as empty.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from keras import ops
 
+from keras_attn import _validation as v
 from keras_attn.generation import _noise
 from keras_attn.generation.sampler import Sampler
-from keras_attn.layers import _validation as v
 
 
 class TopKSampler(Sampler):

@@ -6,9 +6,9 @@ import numbers
 
 from keras import ops
 
+from keras_attn import _validation as v
 from keras_attn.generation import _noise
 from keras_attn.generation.sampler import Sampler
-from keras_attn.layers import _validation as v
 
 # Log-probability given to the tokens cut off (finite: no inf - inf).
 _CUT = -1e9

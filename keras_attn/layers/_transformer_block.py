@@ -19,7 +19,7 @@ import numbers
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 
 
 def clone_initializer(initializer):

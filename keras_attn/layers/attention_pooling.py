@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.ops.attention import weighted_sum
 from keras_attn.ops.masks import padding_mask
 from keras_attn.ops.softmax import masked_softmax

@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.layers.base_attention import BaseAttention
 from keras_attn.ops.scores import additive_score_from_projections
 

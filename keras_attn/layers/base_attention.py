@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.ops.attention import weighted_sum
 from keras_attn.ops.masks import attention_mask_from_padding, combine_masks
 from keras_attn.ops.softmax import masked_softmax

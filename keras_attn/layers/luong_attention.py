@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.layers.base_attention import BaseAttention
 from keras_attn.ops.scores import concat_score, dot_score, general_score
 

@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.ops.attention import dot_product_attention
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
 

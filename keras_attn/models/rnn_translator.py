@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.layers.bahdanau_attention import BahdanauAttention
 from keras_attn.layers.luong_attention import LuongAttention
 from keras_attn.models._structure import translator_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn.layers import _validation as v
+from keras_attn import _validation as v
 from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock

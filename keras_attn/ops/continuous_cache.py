@@ -20,11 +20,11 @@ the window are chosen on held-out text.
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 from keras import ops
 
+from keras_attn import _validation as v
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -62,27 +62,6 @@ def continuous_cache_probabilities(
     probabilities = ops.sum(weights * ops.cast(same_token, "float32"), axis=1)
     has_memory = ops.any(memory_mask, axis=1)
     return probabilities, has_memory
-
-
-def _check_theta_and_window(theta, window, chunk_size):
-    if (
-        isinstance(theta, bool)
-        or not isinstance(theta, numbers.Real)
-        or not 0 < theta < math.inf
-    ):
-        raise ValueError(f"`theta` must be a positive number. Received: {theta=}")
-    for name, value in (("window", window), ("chunk_size", chunk_size)):
-        if value is None and name == "window":
-            continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Integral)
-            or value < 1
-        ):
-            raise ValueError(
-                f"`{name}` must be a positive integer"
-                f"{' or None' if name == 'window' else ''}. Received: {name}={value!r}"
-            )
 
 
 def continuous_cache_stream_probabilities(
@@ -124,7 +103,9 @@ def continuous_cache_stream_probabilities(
         `(cache_probabilities, has_memory)`: `(T,)` float32 and `(T,)` bool
         numpy arrays (a document's first position has no memory).
     """
-    _check_theta_and_window(theta, window, chunk_size)
+    v.check_positive_float("theta", theta)
+    v.check_positive_int("window", window, allow_none=True)
+    v.check_positive_int("chunk_size", chunk_size)
     states = np.asarray(states)
     target_ids = np.asarray(target_ids)
     document_ids = np.asarray(document_ids)
@@ -184,8 +165,7 @@ def continuous_cache_mixture(model_log_probs, cache_probabilities, has_memory, l
         space: a target the model gives a vanishing probability and the
         cache none stays finite).
     """
-    if isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not 0 <= lam < 1:
-        raise ValueError(f"`lam` must be a number in [0, 1). Received: {lam=}")
+    v.check_rate("lam", lam)
     model_log_probs = np.asarray(model_log_probs, dtype="float32")
     has_memory = np.asarray(has_memory, dtype=bool)
     log_lam = math.log(lam) if lam > 0 else -math.inf

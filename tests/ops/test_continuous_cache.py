@@ -211,7 +211,7 @@ def test_mismatched_lengths_and_unsorted_documents_are_refused():
 
 @pytest.mark.parametrize("lam", [1.0, -0.1, "0.5"])
 def test_bad_lambda_is_named(lam):
-    with pytest.raises(ValueError, match=r"`lam` must be a number in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"`lam` must be a float in \[0, 1\)"):
         continuous_cache_mixture(np.zeros(2), np.zeros(2), np.ones(2, bool), lam)
 
 

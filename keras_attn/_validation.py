@@ -1,4 +1,4 @@
-"""Argument and shape checks shared by the layers.
+"""Argument and shape checks shared by the layers, ops, models and samplers.
 
 Every error names the argument and what was received, in the Keras style
 "... Received: name=value".
@@ -6,11 +6,12 @@ Every error names the argument and what was received, in the Keras style
 
 from __future__ import annotations
 
+import math
 import numbers
 
 
 def check_rate(name: str, value) -> float:
-    """A dropout rate in [0, 1)."""
+    """A rate or mixture weight in [0, 1) (a dropout rate, a cache's share)."""
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Real)
@@ -28,9 +29,23 @@ def check_positive_int(name: str, value, allow_none: bool = False):
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+            f"`{name}` must be a positive integer{' or None' if allow_none else ''}. "
+            f"Received: {name}={value!r}"
         )
     return int(value)
+
+
+def check_positive_float(name: str, value) -> float:
+    """A finite number > 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0.0 < value < math.inf
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number. Received: {name}={value!r}"
+        )
+    return float(value)
 
 
 def check_choice(name: str, value, choices):
