@@ -116,7 +116,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--cache-theta",
-        type=_floats,
+        type=training.number_list(float),
         default="0.025,0.05,0.1",
         metavar="T[,T...]",
         help="continuous cache (Grave et al. 2017; see README): the flatness "
@@ -124,7 +124,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--cache-lambda",
-        type=_floats,
+        type=training.number_list(float),
         default="0.1,0.2,0.3,0.4,0.5,0.6",
         metavar="L[,L...]",
         help="the cache's weights in the mixture to try on the validation text "
@@ -176,16 +176,6 @@ def parse_args(argv=None):
     if args.eval_stride == 0:  # windows that do not overlap
         args.eval_stride = args.sequence_length
     return args
-
-
-def _floats(text):
-    """A comma-separated list of floats (an argparse `type`)."""
-    try:
-        return tuple(float(item) for item in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers. Received: {text!r}"
-        ) from None
 
 
 def load_data(args):

@@ -502,6 +502,20 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def number_list(kind=float):
+    """An argparse `type`: a comma-separated list of `kind` (`float`, `int`)."""
+
+    def parse(text):
+        try:
+            return tuple(kind(item) for item in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__}s. Received: {text!r}"
+            ) from None
+
+    return parse
+
+
 def add_run_arguments(
     parser, *, out: str, epochs: int | str, time_budget: float, batch_size: int
 ) -> None:

@@ -133,7 +133,7 @@ def test_cache_options_parse_and_bad_values_are_refused(capsys):
         (["--cache-theta", "0,1"], "--cache-theta values must be > 0"),
         (["--cache-lambda", "0.5,1"], "--cache-lambda values must be in [0, 1)"),
         (["--cache-window", "-1"], "--cache-window must be >= 0. Received: -1"),
-        (["--cache-theta", "a"], "expected comma-separated numbers. Received: 'a'"),
+        (["--cache-theta", "a"], "expected comma-separated floats. Received: 'a'"),
     ]:
         with pytest.raises(SystemExit):
             script.parse_args(argv)
