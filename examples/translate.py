@@ -42,10 +42,14 @@ import numpy as np
 from keras_attn import training
 from keras_attn.datasets import load_translation_pairs
 from keras_attn.models import (
+    NearestNeighborDecoding,
     bert_transformer_translator,
+    knn_target_log_probs,
     load_pretrained,
     rnn_translator,
     transformer_translator,
+    transformer_translator_states,
+    translation_datastore,
     translator_adapter,
 )
 from keras_attn.text import (
@@ -174,6 +178,39 @@ def parse_args(argv=None):
         help="GNMT length penalty alpha of the beam search (0: none; higher "
         "favours longer translations)",
     )
+    # kNN-MT (Khandelwal et al. 2021): each setting is scored by the mixture's
+    # log-likelihood of the validation references; the best decodes both splits.
+    parser.add_argument(
+        "--knn-k",
+        type=training.number_list(int),
+        default="32,64,128",
+        metavar="K[,K...]",
+        help="kNN-MT (Transformer only; see README): neighbours per decoding "
+        "step to try on the validation split",
+    )
+    parser.add_argument(
+        "--knn-temperature",
+        type=training.number_list(float),
+        default="10,30,100",
+        metavar="T[,T...]",
+        help="temperatures of the neighbours' softmax over negative squared "
+        "distances to try on the validation split",
+    )
+    parser.add_argument(
+        "--knn-lambda",
+        type=training.number_list(float),
+        default="0.1,0.2,0.3,0.4,0.5",
+        metavar="L[,L...]",
+        help="the neighbours' weights in the mixture to try on the validation "
+        "split (each in [0, 1))",
+    )
+    parser.add_argument(
+        "--no-knn",
+        action="store_true",
+        help="skip the kNN-MT evaluation (a datastore of the training pairs' "
+        "decoder states, then both splits decoded once more: about 15 minutes "
+        "on the default data and two cores)",
+    )
     training.add_run_arguments(
         parser, out="runs/translation", epochs=40, time_budget=25.0, batch_size=64
     )
@@ -215,6 +252,16 @@ def parse_args(argv=None):
         parser.error(
             "--subword-sampling must be 0 (off) or a positive alpha. "
             f"Received: {args.subword_sampling}"
+        )
+    if not all(k > 0 for k in args.knn_k):
+        parser.error(f"--knn-k values must be > 0. Received: {args.knn_k}")
+    if not all(t > 0 for t in args.knn_temperature):
+        parser.error(
+            f"--knn-temperature values must be > 0. Received: {args.knn_temperature}"
+        )
+    if not all(0 <= lam < 1 for lam in args.knn_lambda):
+        parser.error(
+            f"--knn-lambda values must be in [0, 1). Received: {args.knn_lambda}"
         )
     if args.smoke:
         args.vocabulary_size, args.max_length = 400, 16
@@ -389,6 +436,19 @@ def main(argv=None) -> dict:
     with open(out / "translations.tsv", "w", encoding="utf-8") as handle:
         for row in zip(sources, references, hypotheses, strict=True):
             handle.write("\t".join(row) + "\n")
+    knn = None
+    if adapter.kind == "transformer" and not args.no_knn:
+        knn = knn_evaluation(
+            model,
+            tokenizers,
+            dataset(splits.train, training=False),
+            dataset(splits.validation, training=False),
+            splits,
+            args,
+        )
+        with open(out / "translations_knn.tsv", "w", encoding="utf-8") as handle:
+            for row in zip(sources, references, knn["test"]["hypotheses"], strict=True):
+                handle.write("\t".join(row) + "\n")
     plots = write_alignment_plots(
         adapter, tokenizers, sources[:4], hypotheses[:4], out / "plots", args.max_length
     )
@@ -420,6 +480,20 @@ def main(argv=None) -> dict:
         "steps_per_epoch": steps_per_epoch,
         "optimizer_steps": completed_steps,
     }
+    if knn is not None:
+        metrics.update(
+            {
+                "test_bleu_with_knn": knn["test"]["bleu"].score,
+                "test_chrf_with_knn": knn["test"]["chrf"].score,
+                "validation_bleu_with_knn": knn["validation"]["bleu"].score,
+                "validation_chrf_with_knn": knn["validation"]["chrf"].score,
+                "decode_ms_per_sentence_with_knn": knn["test"][
+                    "decode_ms_per_sentence"
+                ],
+                "knn": knn["chosen"],
+                "knn_validation_trials": knn["trials"],
+            }
+        )
     environment = training.describe_environment(policy, strategy)
     training.write_metrics(
         out, metrics, vars(args), environment, {"splits": splits.counts()}
@@ -433,6 +507,19 @@ def main(argv=None) -> dict:
                 ("test BLEU", bleu.score),
                 ("test chrF", chrf.score),
                 ("decode ms/sentence", metrics["decode_ms_per_sentence"]),
+                *(
+                    [
+                        ("validation BLEU with kNN", knn["validation"]["bleu"].score),
+                        ("test BLEU with kNN", knn["test"]["bleu"].score),
+                        ("test chrF with kNN", knn["test"]["chrf"].score),
+                        (
+                            "decode ms/sentence with kNN",
+                            knn["test"]["decode_ms_per_sentence"],
+                        ),
+                    ]
+                    if knn is not None
+                    else []
+                ),
                 ("training minutes", train_seconds / 60),
                 ("dtype policy", policy),
                 ("model", str(out / "model.keras")),
@@ -443,6 +530,117 @@ def main(argv=None) -> dict:
         )
     )
     return metrics
+
+
+def reference_scores(model, validation_data, verbose):
+    """Teacher-forced decoder states and the model's log-probability of every
+    reference token of `validation_data` (the non-padding targets)."""
+    import tensorflow as tf
+
+    states_model = transformer_translator_states(model)
+    columns = {"states": [], "log_probs": [], "targets": []}
+    batches = int(validation_data.cardinality())
+    progress = training.progress_bar(
+        "Scoring the validation references", batches, verbose
+    )
+    for step, (inputs, targets, *_) in enumerate(validation_data, start=1):
+        states, logits = states_model(inputs, training=False)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        targets = targets.numpy()
+        keep = targets != 0
+        target_log_probs = np.take_along_axis(
+            log_probs.numpy(), targets[..., None], axis=-1
+        )[..., 0]
+        columns["states"].append(np.asarray(states, "float32")[keep])
+        columns["log_probs"].append(target_log_probs[keep])
+        columns["targets"].append(targets[keep])
+        progress.update(step)
+    return {name: np.concatenate(parts) for name, parts in columns.items()}
+
+
+def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args):
+    """kNN-MT: a datastore of the training pairs' decoder states; `k`,
+    temperature and lambda chosen by the mixture's log-likelihood of the
+    validation references (lowest total loss); then both splits decoded with
+    the chosen mixture.
+
+    Returns `{"chosen", "trials", "validation", "test"}` (the last two as
+    `evaluate` returns them).
+    """
+    from keras_attn.ops import nearest_neighbors
+
+    started = time.monotonic()
+    datastore = translation_datastore(model, train_data)
+    datastore_seconds = time.monotonic() - started
+    print(
+        f"kNN-MT datastore: {len(datastore):,} target tokens of the training "
+        f"pairs ({datastore.keys.nbytes / 2**20:,.0f} MiB) in {datastore_seconds:.0f} s"
+    )
+    scores = reference_scores(model, validation_data, args.verbose)
+    largest_k = min(max(args.knn_k), len(datastore))
+    distances, indices = [], []
+    for start in range(0, len(scores["targets"]), 1024):
+        d, i = nearest_neighbors(
+            scores["states"][start : start + 1024], datastore.keys, largest_k
+        )
+        distances.append(np.asarray(d))
+        indices.append(np.asarray(i))
+    distances = np.concatenate(distances)
+    neighbor_values = datastore.values[np.concatenate(indices)]
+    trials = []
+    for k in sorted({min(k, largest_k) for k in args.knn_k}):
+        for temperature in args.knn_temperature:
+            for lam in args.knn_lambda:
+                log_probs = knn_target_log_probs(
+                    scores["log_probs"],
+                    distances,
+                    neighbor_values,
+                    scores["targets"],
+                    k=k,
+                    temperature=temperature,
+                    lam=lam,
+                )
+                trials.append(
+                    {
+                        "k": k,
+                        "temperature": temperature,
+                        "lambda": lam,
+                        "validation_nats_per_token": -float(
+                            np.mean(log_probs, dtype="float64")
+                        ),
+                    }
+                )
+    chosen = min(trials, key=lambda trial: trial["validation_nats_per_token"])
+    model_nats = -float(np.mean(scores["log_probs"], dtype="float64"))
+    knn = NearestNeighborDecoding(
+        datastore,
+        k=chosen["k"],
+        temperature=chosen["temperature"],
+        lam=chosen["lambda"],
+    )
+    print(
+        f"kNN-MT chosen on validation: k={knn.k}, temperature={knn.temperature:g}, "
+        f"lambda={knn.lam:g} ({chosen['validation_nats_per_token']:.3f} nats per "
+        f"reference token against {model_nats:.3f} for the model alone)"
+    )
+    adapter = translator_adapter(model, nearest_neighbors=knn)
+    results = {
+        split: evaluate(
+            adapter,
+            tokenizers,
+            getattr(splits, split)[: args.test_sentences],
+            args,
+            f"{split} (kNN-MT)",
+        )
+        for split in ("validation", "test")
+    }
+    chosen = dict(
+        chosen,
+        datastore_entries=len(datastore),
+        datastore_seconds=datastore_seconds,
+        model_validation_nats_per_token=model_nats,
+    )
+    return {"chosen": chosen, "trials": trials, **results}
 
 
 def evaluate(adapter, tokenizers, pairs, args, split="test"):

@@ -1,5 +1,11 @@
 """Model builders returning `keras.Model`s built from keras_attn's layers."""
 
+from keras_attn.models.nearest_neighbors import (
+    NearestNeighborDecoding,
+    TranslationDatastore,
+    knn_target_log_probs,
+    translation_datastore,
+)
 from keras_attn.models.pretrained import (
     BertCheckpoint,
     bert_sentiment_classifier,
@@ -28,16 +34,20 @@ from keras_attn.models.transformer import (
     transformer_translator,
     transformer_translator_alignment,
     transformer_translator_decoding,
+    transformer_translator_states,
 )
 from keras_attn.models.translator import TranslatorAdapter, translator_adapter
 
 __all__ = [
     "BahdanauDecoder",
     "BertCheckpoint",
+    "NearestNeighborDecoding",
+    "TranslationDatastore",
     "TranslatorAdapter",
     "bert_sentiment_classifier",
     "bert_transformer_translator",
     "fetch_minilm",
+    "knn_target_log_probs",
     "load_bert_checkpoint",
     "load_bert_weights",
     "load_minilm",
@@ -54,5 +64,7 @@ __all__ = [
     "transformer_translator",
     "transformer_translator_alignment",
     "transformer_translator_decoding",
+    "transformer_translator_states",
+    "translation_datastore",
     "translator_adapter",
 ]

@@ -247,6 +247,30 @@ def transformer_language_model_states(model: keras.Model) -> keras.Model:
     )
 
 
+def transformer_translator_states(model: keras.Model) -> keras.Model:
+    """`{"encoder_inputs", "decoder_inputs"} -> (states, logits)` of a
+    Transformer translator (either builder), teacher-forced.
+
+    `states` `(batch, T, d)` are the decoder's last hidden states, those the
+    output projection turns into `logits` (after the final decoder norm of a
+    pre-norm decoder): the keys of a `keras_attn.models.TranslationDatastore`.
+    The weights are the model's own; one call gives both outputs.
+    """
+    config = translator_config(model)
+    if config["kind"] != "transformer":
+        raise ValueError(
+            "Expected a model built by transformer_translator or "
+            f"bert_transformer_translator. Received: an RNN translator {model.name!r}"
+        )
+    if config["decoder_norm"]:
+        states = model.get_layer("decoder_norm").output
+    else:
+        states = model.get_layer(f"decoder_{config['num_decoder_layers'] - 1}").output
+    return keras.Model(
+        model.inputs, [states, model.output], name=f"{model.name}_states"
+    )
+
+
 def _blocks(model, prefix, count):
     return [model.get_layer(f"{prefix}_{index}") for index in range(count)]
 
@@ -329,7 +353,7 @@ def _translator_parts(model: keras.Model):
     return encode_source, target_embedding, decoders, optional("decoder_norm")
 
 
-def transformer_translator_decoding(model: keras.Model):
+def transformer_translator_decoding(model: keras.Model, nearest_neighbors=None):
     """`(encode, next_fn)` for decoding a `transformer_translator`.
 
     - `encode(encoder_inputs, max_length) -> cache`: runs the encoder once and
@@ -339,9 +363,14 @@ def transformer_translator_decoding(model: keras.Model):
       of `max_length` positions per block).
     - `next_fn(token_ids, cache, index) -> (logits, cache)`: decoder tokens
       `(B, T)` at positions `index..index+T-1`; float32 logits `(B, T, vocab)`.
+
+    With `nearest_neighbors` (a `keras_attn.models.NearestNeighborDecoding`),
+    `next_fn` returns instead the log-probabilities of the kNN-MT mixture
+    (which the samplers' log-softmax leaves as they are).
     """
     encode_source, target_embedding, decoders, decoder_norm = _translator_parts(model)
     to_logits = _logits_fn(model, target_embedding)
+    mix = None if nearest_neighbors is None else nearest_neighbors.mix_fn()
 
     def encode(encoder_inputs, max_length):
         x, mask = encode_source(encoder_inputs)
@@ -370,7 +399,17 @@ def transformer_translator_decoding(model: keras.Model):
             new_self.append(self_cache)
         if decoder_norm is not None:
             y = decoder_norm(y)
-        return to_logits(y), dict(cache, self=tuple(new_self))
+        logits = to_logits(y)
+        if mix is not None:
+            batch, steps = ops.shape(y)[0], ops.shape(y)[1]
+            logits = ops.reshape(
+                mix(
+                    ops.reshape(y, (batch * steps, y.shape[-1])),
+                    ops.reshape(logits, (batch * steps, logits.shape[-1])),
+                ),
+                (batch, steps, logits.shape[-1]),
+            )
+        return logits, dict(cache, self=tuple(new_self))
 
     return encode, next_fn
 

@@ -29,15 +29,23 @@ class TranslatorAdapter:
             Transformer).
     """
 
-    def __init__(self, model: keras.Model):
+    def __init__(self, model: keras.Model, nearest_neighbors=None):
         config = translator_config(model)
         self.model = model
         self.kind = config["kind"]
+        self.nearest_neighbors = nearest_neighbors
         if self.kind == "rnn":
+            if nearest_neighbors is not None:
+                raise ValueError(
+                    "`nearest_neighbors` (kNN-MT) needs a Transformer translator. "
+                    f"Received: the RNN translator {model.name!r}"
+                )
             self._encode, self.next_fn = rnn_translator_decoding(model)
             self.alignment = rnn_translator_alignment(model)
         else:
-            self._encode, self.next_fn = transformer_translator_decoding(model)
+            self._encode, self.next_fn = transformer_translator_decoding(
+                model, nearest_neighbors
+            )
             self.alignment = transformer_translator_alignment(model)
 
     def encode(self, encoder_inputs, max_length):
@@ -95,6 +103,10 @@ class TranslatorAdapter:
         return decode
 
 
-def translator_adapter(model: keras.Model) -> TranslatorAdapter:
-    """A `TranslatorAdapter` for a model built by either translator builder."""
-    return TranslatorAdapter(model)
+def translator_adapter(model: keras.Model, nearest_neighbors=None) -> TranslatorAdapter:
+    """A `TranslatorAdapter` for a model built by either translator builder.
+
+    `nearest_neighbors`: a `NearestNeighborDecoding` (Transformer only): its
+    searches and decoding mix the model with a datastore's neighbours (kNN-MT).
+    """
+    return TranslatorAdapter(model, nearest_neighbors)

@@ -15,6 +15,12 @@ from keras_attn.ops.masks import (
     padding_mask,
     padding_mask_from_lengths,
 )
+from keras_attn.ops.nearest_neighbors import (
+    knn_mixture_log_probs,
+    knn_probabilities,
+    knn_weights,
+    nearest_neighbors,
+)
 from keras_attn.ops.scores import (
     additive_score,
     additive_score_from_projections,
@@ -40,7 +46,11 @@ __all__ = [
     "dot_product_attention",
     "dot_score",
     "general_score",
+    "knn_mixture_log_probs",
+    "knn_probabilities",
+    "knn_weights",
     "masked_softmax",
+    "nearest_neighbors",
     "padding_mask",
     "padding_mask_from_lengths",
     "scaled_dot_score",

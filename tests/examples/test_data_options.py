@@ -72,6 +72,28 @@ def test_translate_refuses_a_negative_length_penalty(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--knn-k", "0,16"], "--knn-k values must be > 0. Received: (0, 16)"),
+        (
+            ["--knn-temperature", "30,0"],
+            "--knn-temperature values must be > 0. Received: (30.0, 0.0)",
+        ),
+        (
+            ["--knn-lambda", "0.2,1"],
+            "--knn-lambda values must be in [0, 1). Received: (0.2, 1.0)",
+        ),
+        (["--knn-k", "8.5"], "expected comma-separated ints. Received: '8.5'"),
+    ],
+)
+def test_translate_refuses_bad_knn_settings(flags, message, capsys):
+    script = load_script("translate")
+    with pytest.raises(SystemExit):
+        script.parse_args(flags)
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["translate", "sentiment", "language_model"])
 def test_scripts_refuse_a_negative_weight_decay(name, capsys):
     script = load_script(name)

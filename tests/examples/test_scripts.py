@@ -126,6 +126,23 @@ def test_translate_smoke(tmp_path):
     assert len(rows) == metrics["test_sentences"] and rows[0].count("\t") == 2
     assert (out / "export" / "translator" / "1" / "saved_model.pb").is_file()
     assert (out / "plots" / "alignment_0.png").is_file()
+    # kNN-MT: every setting scored on the validation references, the best
+    # (lowest loss) chosen, both splits decoded with it.
+    trials = metrics["knn_validation_trials"]
+    assert len(trials) == 3 * 3 * 5  # --knn-k x --knn-temperature x --knn-lambda
+    chosen = metrics["knn"]
+    assert chosen["validation_nats_per_token"] == min(
+        trial["validation_nats_per_token"] for trial in trials
+    )
+    assert chosen["datastore_entries"] > metrics["test_sentences"]
+    for name in ("test_bleu", "test_chrf", "validation_bleu", "validation_chrf"):
+        assert 0.0 <= metrics[f"{name}_with_knn"] <= 100.0
+    assert "test BLEU with kNN" in stdout
+    knn_rows = (out / "translations_knn.tsv").read_text().splitlines()
+    assert len(knn_rows) == metrics["test_sentences"]
+    assert [row.split("\t")[:2] for row in knn_rows] == [
+        row.split("\t")[:2] for row in rows
+    ]
 
 
 def test_translate_smoke_with_subword_sampling(tmp_path):
@@ -140,6 +157,7 @@ def test_translate_smoke_with_subword_sampling(tmp_path):
         "--subword-sampling",
         "0.5",
         "--no-export",
+        "--no-knn",
         "--out",
         out,
     )
@@ -149,6 +167,8 @@ def test_translate_smoke_with_subword_sampling(tmp_path):
     # The sampled training set keeps its stated number of batches.
     assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] > 0
     assert metrics["test_sentences"] > 0 and "test_bleu" in metrics
+    assert "knn" not in metrics and "test_bleu_with_knn" not in metrics
+    assert not (out / "translations_knn.tsv").exists()
 
 
 def test_translate_smoke_with_a_pretrained_encoder(tmp_path):

@@ -1,0 +1,244 @@
+"""Nearest-neighbour machine translation (kNN-MT) for the Transformer translator.
+
+Khandelwal, Fan, Jurafsky, Zettlemoyer and Lewis, "Nearest Neighbor Machine
+Translation" (ICLR 2021). A trained translator reads its training pairs once
+more, teacher-forced, and a datastore keeps the decoder's last hidden state at
+every target position with the token that came next. While decoding, each
+step's hidden state looks up its `k` nearest states in the datastore; their
+next tokens get `softmax(-squared distance / temperature)`, and the step's
+distribution is `(1 - lam) * p_model + lam * p_knn` (the ops are in
+`keras_attn.ops.nearest_neighbors`). Nothing is trained: `k`, `temperature`
+and `lam` are chosen on held-out pairs, e.g. by the mixture's log-likelihood
+of their references (`knn_target_log_probs`).
+
+    store = translation_datastore(model, train_batches)
+    knn = NearestNeighborDecoding(store, k=64, temperature=30.0, lam=0.3)
+    adapter = translator_adapter(model, nearest_neighbors=knn)
+    decode = adapter.beam_search_fn(max_length=40, beam_width=4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+from keras import ops
+
+from keras_attn import _validation as v
+from keras_attn.ops.nearest_neighbors import (
+    knn_mixture_log_probs,
+    knn_probabilities,
+    knn_weights,
+    nearest_neighbors,
+)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TranslationDatastore:
+    """The decoder states of a translator over target text, and what followed.
+
+    Attributes:
+        keys: `(N, d)` float32, the decoder's last hidden state at each
+            target position (what its output projection reads).
+        values: `(N,)` int32, the target token at that position (the token
+            the state predicts).
+        vocabulary_size: the target vocabulary's size (every value is below).
+    """
+
+    keys: np.ndarray
+    values: np.ndarray
+    vocabulary_size: int
+
+    def __post_init__(self):
+        keys = np.asarray(self.keys, dtype="float32")
+        values = np.asarray(self.values)
+        v.check_positive_int("vocabulary_size", self.vocabulary_size)
+        if keys.ndim != 2 or len(keys) == 0:
+            raise ValueError(
+                "`keys` must be a non-empty (entries, dim) array. "
+                f"Received: keys.shape={keys.shape}"
+            )
+        if values.shape != (len(keys),) or not np.issubdtype(values.dtype, np.integer):
+            raise ValueError(
+                f"`values` must be {len(keys)} integers, one per key. "
+                f"Received: values.shape={values.shape}, dtype={values.dtype}"
+            )
+        if values.min() < 0 or values.max() >= self.vocabulary_size:
+            raise ValueError(
+                f"`values` must be token ids in [0, {self.vocabulary_size}). "
+                f"Received: ids from {values.min()} to {values.max()}"
+            )
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "values", values.astype("int32"))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the datastore to a `.npz` file; returns its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as handle:
+            np.savez(
+                handle,
+                keys=self.keys,
+                values=self.values,
+                vocabulary_size=np.int64(self.vocabulary_size),
+            )
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TranslationDatastore:
+        """A datastore written by `save`."""
+        with np.load(path) as data:
+            return cls(data["keys"], data["values"], int(data["vocabulary_size"]))
+
+
+def _batches_with_targets(dataset):
+    for batch in dataset:
+        if not isinstance(batch, tuple | list) or len(batch) not in (2, 3):
+            raise ValueError(
+                "`dataset` must yield `(inputs, targets)` or `(inputs, targets, "
+                "sample_weight)` batches, as `translation_dataset` does. "
+                f"Received: a batch of type {type(batch).__name__}"
+            )
+        yield batch[0], batch[1]
+
+
+def translation_datastore(model, dataset) -> TranslationDatastore:
+    """The datastore of a Transformer translator over `dataset`'s pairs.
+
+    Args:
+        model: a `transformer_translator` or `bert_transformer_translator`.
+        dataset: batches `({"encoder_inputs", "decoder_inputs"}, targets[,
+            sample_weight])`, e.g. `translation_dataset(train_pairs, ...,
+            shuffle=False)`; every non-padding target (id != 0, the end token
+            included) gives one entry.
+
+    Returns:
+        A `TranslationDatastore` (about `4 * d` bytes per target token: 300 MB
+        for 200k tokens at d = 384).
+    """
+    from keras_attn.models.transformer import transformer_translator_states
+
+    states_model = transformer_translator_states(model)
+    vocabulary_size = int(model.output.shape[-1])
+    keys, values = [], []
+    for inputs, targets in _batches_with_targets(dataset):
+        states, _ = states_model(inputs, training=False)
+        targets = np.asarray(targets)
+        keep = targets != 0
+        keys.append(np.asarray(ops.convert_to_numpy(states), "float32")[keep])
+        values.append(targets[keep])
+    if not keys:
+        raise ValueError("`dataset` must yield at least one batch. Received: none")
+    return TranslationDatastore(
+        np.concatenate(keys), np.concatenate(values), vocabulary_size
+    )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NearestNeighborDecoding:
+    """How decoding draws on a `TranslationDatastore` (kNN-MT).
+
+    Attributes:
+        datastore: the `TranslationDatastore`.
+        k: neighbours looked up per step (at most the datastore's size).
+        temperature: of `softmax(-squared distance / temperature)`; larger
+            spreads the weight over more neighbours.
+        lam: the neighbours' share of the mixture, in [0, 1).
+        key_chunk_size: keys scored at once (memory: decoding rows times it).
+    """
+
+    datastore: TranslationDatastore
+    k: int = 64
+    temperature: float = 30.0
+    lam: float = 0.3
+    key_chunk_size: int = 65536
+
+    def __post_init__(self):
+        if not isinstance(self.datastore, TranslationDatastore):
+            raise ValueError(
+                "`datastore` must be a TranslationDatastore. "
+                f"Received: datastore={type(self.datastore).__name__}"
+            )
+        v.check_positive_int("k", self.k)
+        if self.k > len(self.datastore):
+            raise ValueError(
+                f"`k` must be at most the datastore's size ({len(self.datastore)}). "
+                f"Received: k={self.k}"
+            )
+        v.check_positive_float("temperature", self.temperature)
+        v.check_rate("lam", self.lam)
+        v.check_positive_int("key_chunk_size", self.key_chunk_size)
+
+    def mix_fn(self):
+        """`mix(states (N, d), logits (N, V)) -> (N, V)` float32 log-probabilities
+        of the mixture, over tensors of the current backend (the keys are
+        converted once, here)."""
+        keys = ops.convert_to_tensor(self.datastore.keys, "float32")
+        values = ops.convert_to_tensor(self.datastore.values, "int32")
+        vocabulary_size = self.datastore.vocabulary_size
+
+        def mix(states, logits):
+            model_log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            if self.lam == 0:
+                return model_log_probs
+            distances, indices = nearest_neighbors(
+                states, keys, self.k, key_chunk_size=self.key_chunk_size
+            )
+            probabilities = knn_probabilities(
+                ops.take(values, indices, axis=0),
+                knn_weights(distances, self.temperature),
+                vocabulary_size,
+            )
+            return knn_mixture_log_probs(model_log_probs, probabilities, self.lam)
+
+        return mix
+
+
+def knn_target_log_probs(
+    model_target_log_probs,
+    distances,
+    neighbor_values,
+    target_ids,
+    *,
+    k: int,
+    temperature: float,
+    lam: float,
+):
+    """The mixture's log-probability of each reference token (teacher-forced).
+
+    For choosing `k`, `temperature` and `lam` on held-out pairs: search the
+    datastore once with the largest `k` tried (`nearest_neighbors`), then
+    score each setting from the same neighbours.
+
+    Args:
+        model_target_log_probs: `(Q,)` float, the model's log-probability of
+            each reference token.
+        distances, neighbor_values: `(Q, K)`, the nearest neighbours' squared
+            distances (nearest first) and values, `K >= k`.
+        target_ids: `(Q,)` int, the reference tokens.
+        k, temperature, lam: as in `NearestNeighborDecoding`.
+
+    Returns:
+        `(Q,)` float32 numpy log-probabilities.
+    """
+    v.check_positive_int("k", k)
+    distances = np.asarray(distances, "float32")
+    if k > distances.shape[1]:
+        raise ValueError(
+            f"`k` must be at most the neighbours searched ({distances.shape[1]}). "
+            f"Received: k={k}"
+        )
+    weights = ops.convert_to_numpy(knn_weights(distances[:, :k], temperature))
+    hits = np.asarray(neighbor_values)[:, :k] == np.asarray(target_ids)[:, None]
+    knn_probs = (weights * hits).sum(axis=1)
+    mixed = knn_mixture_log_probs(
+        np.asarray(model_target_log_probs, "float32")[:, None],
+        knn_probs[:, None],
+        lam,
+    )
+    return np.asarray(ops.convert_to_numpy(mixed), "float32")[:, 0]

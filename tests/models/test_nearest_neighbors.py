@@ -1,0 +1,206 @@
+"""kNN-MT: the datastore of a Transformer translator and decoding with it."""
+
+import numpy as np
+import pytest
+
+from keras_attn.models import (
+    NearestNeighborDecoding,
+    TranslationDatastore,
+    knn_target_log_probs,
+    rnn_translator,
+    transformer_translator_states,
+    translation_datastore,
+    translator_adapter,
+)
+from keras_attn.text import START_ID
+from tests.models.test_transformer import SOURCE, TARGET, small_translator
+from tests.test_case import to_numpy
+
+# Targets: TARGET shifted left (what each decoder position predicts).
+LABELS = np.array([[4, 5, 6, 3, 0], [7, 8, 9, 10, 3]], "int32")
+
+
+def batches():
+    """Two `translation_dataset`-style batches: (inputs, targets, weights)."""
+    inputs = {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
+    weights = (LABELS != 0).astype("float32")
+    return [(inputs, LABELS, weights), (inputs, LABELS)]
+
+
+def brute_force_knn(query, store, k, temperature, vocabulary_size):
+    distances = ((store.keys - query) ** 2).sum(-1)
+    nearest = np.argsort(distances, kind="stable")[:k]
+    weights = np.exp(-(distances[nearest] - distances[nearest].min()) / temperature)
+    weights /= weights.sum()
+    probabilities = np.zeros(vocabulary_size)
+    np.add.at(probabilities, store.values[nearest], weights)
+    return probabilities
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"normalize_first": True, "tie_embeddings": False}],
+    ids=["post_norm_tied", "pre_norm_untied"],
+)
+def test_states_are_what_the_output_projection_sees(kwargs):
+    model = small_translator(**kwargs)
+    inputs = {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
+    states, logits = transformer_translator_states(model)(inputs)
+    assert tuple(states.shape) == (2, 5, 16)
+    np.testing.assert_allclose(to_numpy(logits), to_numpy(model(inputs)), atol=1e-6)
+    if kwargs.get("tie_embeddings", True):
+        projected = model.get_layer("target_embedding")(states, reverse=True)
+    else:
+        projected = model.get_layer("logits")(states)
+    np.testing.assert_allclose(to_numpy(projected), to_numpy(logits), atol=1e-5)
+
+
+def test_the_datastore_keeps_each_non_padding_target_and_its_state():
+    model = small_translator()
+    store = translation_datastore(model, batches())
+    states, _ = transformer_translator_states(model)(
+        {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
+    )
+    keep = LABELS != 0
+    assert len(store) == 2 * keep.sum() == 18 and store.vocabulary_size == 30
+    expected_keys = np.asarray(to_numpy(states), "float32")[keep]
+    np.testing.assert_allclose(store.keys[:9], expected_keys, atol=1e-6)
+    np.testing.assert_allclose(store.keys[9:], expected_keys, atol=1e-6)
+    np.testing.assert_array_equal(store.values, np.tile(LABELS[keep], 2))
+    assert store.keys.dtype == np.float32 and store.values.dtype == np.int32
+
+
+def test_the_datastore_survives_a_save_and_load(tmp_path):
+    store = TranslationDatastore(
+        np.arange(12, dtype="float32").reshape(4, 3), [1, 2, 3, 1], 5
+    )
+    restored = TranslationDatastore.load(store.save(tmp_path / "store" / "de.npz"))
+    np.testing.assert_array_equal(restored.keys, store.keys)
+    np.testing.assert_array_equal(restored.values, store.values)
+    assert restored.vocabulary_size == 5
+
+
+def test_a_decoding_step_mixes_the_model_with_its_neighbours():
+    model = small_translator()
+    store = translation_datastore(model, batches()[:1])
+    knn = NearestNeighborDecoding(store, k=4, temperature=2.0, lam=0.4)
+    plain = translator_adapter(model)
+    mixed = translator_adapter(model, nearest_neighbors=knn)
+    start = np.full((2, 1), START_ID, "int32")
+    logits, _ = plain.next_fn(start, plain.encode(SOURCE, 6), 0)
+    log_probs, _ = mixed.next_fn(start, mixed.encode(SOURCE, 6), 0)
+    states, _ = transformer_translator_states(model)(
+        {"encoder_inputs": SOURCE, "decoder_inputs": start}
+    )
+    logits = to_numpy(logits)[:, -1].astype("float64")
+    model_probs = np.exp(logits - logits.max(-1, keepdims=True))
+    model_probs /= model_probs.sum(-1, keepdims=True)
+    for row in range(2):
+        query = np.asarray(to_numpy(states), "float32")[row, 0]
+        expected = 0.6 * model_probs[row] + 0.4 * brute_force_knn(
+            query, store, 4, 2.0, 30
+        )
+        np.testing.assert_allclose(
+            np.exp(to_numpy(log_probs)[row, -1]), expected, rtol=1e-4, atol=1e-6
+        )
+
+
+def test_beam_search_with_a_zero_weight_is_the_models_own():
+    model = small_translator()
+    store = translation_datastore(model, batches())
+    knn = NearestNeighborDecoding(store, k=3, temperature=1.0, lam=0.0)
+    plain, _ = translator_adapter(model).beam_search_fn(6, beam_width=3)(SOURCE)
+    mixed, _ = translator_adapter(model, nearest_neighbors=knn).beam_search_fn(
+        6, beam_width=3
+    )(SOURCE)
+    np.testing.assert_array_equal(to_numpy(mixed), to_numpy(plain))
+
+
+def test_a_dominant_datastore_steers_greedy_decoding():
+    """Every key names token 11: at lambda 0.99 greedy search writes it."""
+    model = small_translator()
+    store = translation_datastore(model, batches())
+    store = TranslationDatastore(store.keys, np.full(len(store), 11), 30)
+    knn = NearestNeighborDecoding(store, k=5, temperature=10.0, lam=0.99)
+    tokens = to_numpy(
+        translator_adapter(model, nearest_neighbors=knn).greedy_fn(4)(SOURCE)
+    )
+    np.testing.assert_array_equal(tokens, np.full((2, 4), 11))
+
+
+def test_target_log_probs_follow_the_mixture_formula():
+    distances = np.array([[0.0, 1.0, 4.0], [2.0, 2.0, 9.0]], "float32")
+    values = np.array([[7, 3, 7], [5, 6, 5]])
+    targets = np.array([7, 6])
+    model_log_probs = np.log(np.array([0.2, 0.5], "float32"))
+    got = knn_target_log_probs(
+        model_log_probs, distances, values, targets, k=2, temperature=1.0, lam=0.25
+    )
+    knn_first = 1.0 / (1.0 + np.exp(-1.0))  # only the nearest names token 7
+    expected = np.log([0.75 * 0.2 + 0.25 * knn_first, 0.75 * 0.5 + 0.25 * 0.5])
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: TranslationDatastore(np.zeros((3, 2)), [0, 1], 4),
+            "`values` must be 3 integers, one per key",
+        ),
+        (
+            lambda: TranslationDatastore(np.zeros((2, 2)), [0, 4], 4),
+            r"`values` must be token ids in \[0, 4\). Received: ids from 0 to 4",
+        ),
+        (
+            lambda: TranslationDatastore(np.zeros((0, 2)), [], 4),
+            r"`keys` must be a non-empty \(entries, dim\) array",
+        ),
+        (
+            lambda: NearestNeighborDecoding(
+                TranslationDatastore(np.zeros((2, 2)), [0, 1], 4), k=3
+            ),
+            r"`k` must be at most the datastore's size \(2\). Received: k=3",
+        ),
+        (
+            lambda: NearestNeighborDecoding(
+                TranslationDatastore(np.zeros((2, 2)), [0, 1], 4),
+                k=1,
+                temperature=-1.0,
+            ),
+            "`temperature` must be a positive number. Received: temperature=-1.0",
+        ),
+        (
+            lambda: NearestNeighborDecoding(np.zeros((2, 2))),
+            "`datastore` must be a TranslationDatastore. Received: datastore=ndarray",
+        ),
+        (
+            lambda: knn_target_log_probs(
+                np.zeros(1),
+                np.zeros((1, 2)),
+                np.zeros((1, 2)),
+                [0],
+                k=3,
+                temperature=1.0,
+                lam=0.1,
+            ),
+            r"`k` must be at most the neighbours searched \(2\). Received: k=3",
+        ),
+        (
+            lambda: translation_datastore(small_translator(), [SOURCE]),
+            r"`dataset` must yield `\(inputs, targets\)`",
+        ),
+    ],
+)
+def test_bad_arguments_are_named(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_the_rnn_translator_is_refused():
+    model = rnn_translator(30, 30, embedding_dim=8, units=12, dropout=0.0)
+    store = TranslationDatastore(np.zeros((2, 24), "float32"), [0, 1], 30)
+    with pytest.raises(ValueError, match="needs a Transformer translator"):
+        translator_adapter(model, nearest_neighbors=NearestNeighborDecoding(store, k=1))
+    with pytest.raises(ValueError, match="Received: an RNN translator"):
+        transformer_translator_states(model)
