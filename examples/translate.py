@@ -211,6 +211,14 @@ def parse_args(argv=None):
         "decoder states, then both splits decoded once more: about 15 minutes "
         "on the default data and two cores)",
     )
+    parser.add_argument(
+        "--export-knn",
+        action="store_true",
+        help="export the translator with the kNN-MT decoding chosen on the "
+        "validation split (the datastore is saved in the export: about 300 MB "
+        "on the default data; decoding about 5 times slower); default: the "
+        "model alone",
+    )
     training.add_run_arguments(
         parser, out="runs/translation", epochs=40, time_budget=25.0, batch_size=64
     )
@@ -263,6 +271,21 @@ def parse_args(argv=None):
         parser.error(
             f"--knn-lambda values must be in [0, 1). Received: {args.knn_lambda}"
         )
+    if args.export_knn:
+        conflict = [
+            flag
+            for flag, value in (
+                ("--no-knn", args.no_knn),
+                ("--no-export", args.no_export),
+                ("--model rnn", args.model == "rnn"),
+            )
+            if value
+        ]
+        if conflict:
+            parser.error(
+                "--export-knn exports the Transformer's kNN-MT decoding. "
+                f"Received: --export-knn with {', '.join(conflict)}"
+            )
     if args.smoke:
         args.vocabulary_size, args.max_length = 400, 16
         args.size = args.size and "small"
@@ -464,6 +487,7 @@ def main(argv=None) -> dict:
             max_length=args.max_length,
             beam_width=args.beam_width,
             length_penalty=args.length_penalty,
+            nearest_neighbors=knn["decoding"] if args.export_knn else None,
         )
     metrics = {
         "test_bleu": bleu.score,
@@ -564,7 +588,8 @@ def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args)
     validation references (lowest total loss); then both splits decoded with
     the chosen mixture.
 
-    Returns `{"chosen", "trials", "validation", "test"}` (the last two as
+    Returns `{"chosen", "trials", "decoding", "validation", "test"}`
+    (`decoding` the chosen `NearestNeighborDecoding`; the last two as
     `evaluate` returns them).
     """
     from keras_attn.ops import nearest_neighbors
@@ -640,7 +665,7 @@ def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args)
         datastore_seconds=datastore_seconds,
         model_validation_nats_per_token=model_nats,
     )
-    return {"chosen": chosen, "trials": trials, **results}
+    return {"chosen": chosen, "trials": trials, "decoding": knn, **results}
 
 
 def evaluate(adapter, tokenizers, pairs, args, split="test"):

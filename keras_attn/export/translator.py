@@ -24,10 +24,16 @@ SAMPLE_SOURCES = ("Where is the station?", "", "   ", "I am very tired today.")
 
 
 def translator_serving_fns(
-    model, source_tokenizer, target_tokenizer, max_length, beam_width, length_penalty
+    model,
+    source_tokenizer,
+    target_tokenizer,
+    max_length,
+    beam_width,
+    length_penalty,
+    nearest_neighbors=None,
 ):
     """The two signature functions and the objects they need tracked."""
-    adapter = translator_adapter(model)
+    adapter = translator_adapter(model, nearest_neighbors)
     # Fresh copies, tracked by the export (their vocabularies become its
     # assets or constants).
     source, target = (
@@ -65,7 +71,10 @@ def translator_serving_fns(
             "alignment": alignment * keep,  # (B, T, S), rows past the end zeroed
         }
 
-    return translate, translate_with_alignment, (source, target)
+    tracked = (source, target)
+    if nearest_neighbors is not None:
+        tracked += (nearest_neighbors.weights_layer(),)
+    return translate, translate_with_alignment, tracked
 
 
 def export_translator(
@@ -78,6 +87,7 @@ def export_translator(
     max_length: int = 40,
     beam_width: int = 4,
     length_penalty: float = 0.6,
+    nearest_neighbors=None,
 ) -> Path:
     """Export a translator with its tokenizers and beam search for TF Serving.
 
@@ -98,20 +108,26 @@ def export_translator(
 
     Sources are cleaned (invalid UTF-8 replaced) and truncated to
     `max_length` tokens; translations stop at `max_length` tokens.
+
+    With `nearest_neighbors` (a `keras_attn.models.NearestNeighborDecoding`,
+    Transformer only) both signatures decode with kNN-MT: the datastore's
+    keys and values are saved as variables of the export (about `4 * d`
+    bytes per entry) and its settings are recorded in the metadata.
     """
     path = next_version_dir(base_dir, model_name, version)
-    translate, translate_with_alignment, tokenizers = translator_serving_fns(
+    translate, translate_with_alignment, tracked = translator_serving_fns(
         model,
         source_tokenizer,
         target_tokenizer,
         max_length,
         beam_width,
         length_penalty,
+        nearest_neighbors,
     )
     archive = keras.export.ExportArchive()
     archive.track(model)
-    for tokenizer in tokenizers:
-        archive.track(tokenizer)
+    for resource in tracked:
+        archive.track(resource)
     signatures = {
         "serving_default": archive.add_endpoint(
             "serving_default", translate, input_signature=[TEXT_SPEC]
@@ -135,6 +151,16 @@ def export_translator(
         "beam_width": beam_width,
         "length_penalty": length_penalty,
         "length_penalty_formula": "log P / ((5 + length) / 6) ** length_penalty",
+        "nearest_neighbors": None
+        if nearest_neighbors is None
+        else {
+            "k": nearest_neighbors.k,
+            "temperature": nearest_neighbors.temperature,
+            "lambda": nearest_neighbors.lam,
+            "datastore_entries": len(nearest_neighbors.datastore),
+            "formula": "(1 - lambda) p_model + lambda softmax(-d / temperature) "
+            "over the k nearest datastore keys' tokens",
+        },
         "alignment": (
             f"attention weights of the decoder's {config.get('attention')} attention"
             if kind == "rnn"

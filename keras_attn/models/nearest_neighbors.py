@@ -23,6 +23,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -139,6 +140,33 @@ def translation_datastore(model, dataset) -> TranslationDatastore:
     )
 
 
+class DatastoreWeights(keras.layers.Layer):
+    """A `TranslationDatastore` as two non-trainable weights, `datastore_keys`
+    `(N, d)` float32 and `datastore_values` `(N,)` int32: what decoding reads,
+    and what an export (`keras.export.ExportArchive.track`) saves as
+    variables. Not callable: it only holds them."""
+
+    def __init__(self, datastore: TranslationDatastore, **kwargs):
+        super().__init__(trainable=False, **kwargs)
+        self.datastore_keys = self.add_weight(
+            shape=datastore.keys.shape,
+            dtype="float32",
+            initializer="zeros",
+            trainable=False,
+            name="datastore_keys",
+        )
+        self.datastore_keys.assign(datastore.keys)
+        self.datastore_values = self.add_weight(
+            shape=datastore.values.shape,
+            dtype="int32",
+            initializer="zeros",
+            trainable=False,
+            name="datastore_values",
+        )
+        self.datastore_values.assign(datastore.values)
+        self.built = True
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class NearestNeighborDecoding:
     """How decoding draws on a `TranslationDatastore` (kNN-MT).
@@ -174,12 +202,19 @@ class NearestNeighborDecoding:
         v.check_rate("lam", self.lam)
         v.check_positive_int("key_chunk_size", self.key_chunk_size)
 
+    def weights_layer(self) -> DatastoreWeights:
+        """The datastore as weights, created on first use and then shared by
+        every decoding function of this object (track it to export them)."""
+        layer = self.__dict__.get("_weights_layer")
+        if layer is None:
+            layer = DatastoreWeights(self.datastore, name="knn_datastore")
+            object.__setattr__(self, "_weights_layer", layer)
+        return layer
+
     def mix_fn(self):
         """`mix(states (N, d), logits (N, V)) -> (N, V)` float32 log-probabilities
-        of the mixture, over tensors of the current backend (the keys are
-        converted once, here)."""
-        keys = ops.convert_to_tensor(self.datastore.keys, "float32")
-        values = ops.convert_to_tensor(self.datastore.values, "int32")
+        of the mixture (reading the datastore from `weights_layer()`)."""
+        layer = self.weights_layer()
         vocabulary_size = self.datastore.vocabulary_size
 
         def mix(states, logits):
@@ -187,10 +222,13 @@ class NearestNeighborDecoding:
             if self.lam == 0:
                 return model_log_probs
             distances, indices = nearest_neighbors(
-                states, keys, self.k, key_chunk_size=self.key_chunk_size
+                states,
+                layer.datastore_keys.value,
+                self.k,
+                key_chunk_size=self.key_chunk_size,
             )
             probabilities = knn_probabilities(
-                ops.take(values, indices, axis=0),
+                ops.take(layer.datastore_values.value, indices, axis=0),
                 knn_weights(distances, self.temperature),
                 vocabulary_size,
             )

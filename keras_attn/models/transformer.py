@@ -238,13 +238,8 @@ def transformer_language_model_states(model: keras.Model) -> keras.Model:
     remembers. The weights are the model's own; one call gives both outputs.
     """
     config = language_model_config(model)
-    if config["normalize_first"]:
-        states = model.get_layer("final_norm").output
-    else:
-        states = model.get_layer(f"decoder_{config['num_layers'] - 1}").output
-    return keras.Model(
-        model.inputs, [states, model.output], name=f"{model.name}_states"
-    )
+    last = "final_norm" if config["normalize_first"] else None
+    return _with_states(model, last or f"decoder_{config['num_layers'] - 1}")
 
 
 def transformer_translator_states(model: keras.Model) -> keras.Model:
@@ -262,10 +257,13 @@ def transformer_translator_states(model: keras.Model) -> keras.Model:
             "Expected a model built by transformer_translator or "
             f"bert_transformer_translator. Received: an RNN translator {model.name!r}"
         )
-    if config["decoder_norm"]:
-        states = model.get_layer("decoder_norm").output
-    else:
-        states = model.get_layer(f"decoder_{config['num_decoder_layers'] - 1}").output
+    last = "decoder_norm" if config["decoder_norm"] else None
+    return _with_states(model, last or f"decoder_{config['num_decoder_layers'] - 1}")
+
+
+def _with_states(model: keras.Model, states_layer: str) -> keras.Model:
+    """The model with a second output: the output of its layer `states_layer`."""
+    states = model.get_layer(states_layer).output
     return keras.Model(
         model.inputs, [states, model.output], name=f"{model.name}_states"
     )

@@ -94,6 +94,21 @@ def test_translate_refuses_bad_knn_settings(flags, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags, conflict",
+    [
+        (["--no-knn"], "--no-knn"),
+        (["--no-export"], "--no-export"),
+        (["--model", "rnn"], "--model rnn"),
+    ],
+)
+def test_translate_refuses_to_export_knn_without_it(flags, conflict, capsys):
+    script = load_script("translate")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--export-knn", *flags])
+    assert f"Received: --export-knn with {conflict}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["translate", "sentiment", "language_model"])
 def test_scripts_refuse_a_negative_weight_decay(name, capsys):
     script = load_script(name)

@@ -112,6 +112,7 @@ def test_translate_smoke(tmp_path):
         "none",
         "--data",
         FIXTURES / "de_en_pairs.tsv",
+        "--export-knn",
         "--out",
         out,
     )
@@ -143,6 +144,15 @@ def test_translate_smoke(tmp_path):
     assert [row.split("\t")[:2] for row in knn_rows] == [
         row.split("\t")[:2] for row in rows
     ]
+    export = out / "export" / "translator" / "1"
+    metadata = json.loads((export / "assets.extra" / "keras_attn.json").read_text())
+    served = metadata["nearest_neighbors"]  # --export-knn: the chosen setting
+    assert (served["k"], served["temperature"], served["lambda"]) == (
+        chosen["k"],
+        chosen["temperature"],
+        chosen["lambda"],
+    )
+    assert served["datastore_entries"] == chosen["datastore_entries"]
 
 
 def test_translate_smoke_with_subword_sampling(tmp_path):

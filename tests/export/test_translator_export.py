@@ -6,10 +6,13 @@ import tensorflow as tf
 
 from keras_attn.export import check_servable, export_translator
 from keras_attn.models import (
+    NearestNeighborDecoding,
+    TranslationDatastore,
     bert_transformer_translator,
     load_bert_checkpoint,
     rnn_translator,
     transformer_translator,
+    translator_adapter,
 )
 from tests.export.conftest import nasty_batch
 from tests.test_case import write_bert_checkpoint
@@ -125,3 +128,56 @@ def test_bad_input_and_shapes_on_the_export(exported):
     assert serve(text=tf.constant(["where is it?"] * 256))["translation"].shape == (
         256,
     )
+
+
+def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path):
+    """The datastore travels as variables, and the served translations are
+    those of the in-process kNN-MT beam search, not the model's alone."""
+    vocabulary = small_tokenizer.vocabulary_size
+    model = transformer_translator(
+        vocabulary,
+        vocabulary,
+        sequence_length=MAX_LENGTH + 1,
+        embedding_dim=16,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+        shared_vocabulary=True,
+    )
+    rng = np.random.default_rng(0)
+    store = TranslationDatastore(
+        rng.normal(size=(50, 16)).astype("float32"),
+        rng.integers(4, vocabulary, size=50),
+        vocabulary,
+    )
+    knn = NearestNeighborDecoding(store, k=8, temperature=5.0, lam=0.9)
+    path = export_translator(
+        model,
+        small_tokenizer,
+        small_tokenizer,
+        tmp_path / "export",
+        max_length=MAX_LENGTH,
+        beam_width=3,
+        nearest_neighbors=knn,
+    )
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["nearest_neighbors"]["k"] == 8
+    assert metadata["nearest_neighbors"]["datastore_entries"] == 50
+    texts = ["Where is the station?", "I am very tired today."]
+    served = tf.saved_model.load(str(path)).signatures["serving_default"](
+        text=tf.constant(texts)
+    )["translation"]
+    ids = small_tokenizer.tokenize(texts)[:, :MAX_LENGTH].to_tensor(
+        shape=[None, MAX_LENGTH]
+    )
+
+    def decode(nearest_neighbors):
+        adapter = translator_adapter(model, nearest_neighbors)
+        tokens, _ = adapter.beam_search_fn(MAX_LENGTH, 3, 0.6)(ids)
+        return small_tokenizer.detokenize(tokens).numpy().tolist()
+
+    assert served.numpy().tolist() == decode(knn)
+    assert decode(knn) != decode(None)  # lambda 0.9 changes the output
