@@ -20,6 +20,7 @@ of their references (`knn_target_log_probs`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 
@@ -214,27 +215,27 @@ class NearestNeighborDecoding:
     def mix_fn(self):
         """`mix(states (N, d), logits (N, V)) -> (N, V)` float32 log-probabilities
         of the mixture (reading the datastore from `weights_layer()`)."""
-        layer = self.weights_layer()
-        vocabulary_size = self.datastore.vocabulary_size
+        # A module-level function: AutoGraph cannot read the source of a
+        # function nested in a class body (it logs a warning per trace).
+        return functools.partial(_mix, self, self.weights_layer())
 
-        def mix(states, logits):
-            model_log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-            if self.lam == 0:
-                return model_log_probs
-            distances, indices = nearest_neighbors(
-                states,
-                layer.datastore_keys.value,
-                self.k,
-                key_chunk_size=self.key_chunk_size,
-            )
-            probabilities = knn_probabilities(
-                ops.take(layer.datastore_values.value, indices, axis=0),
-                knn_weights(distances, self.temperature),
-                vocabulary_size,
-            )
-            return knn_mixture_log_probs(model_log_probs, probabilities, self.lam)
 
-        return mix
+def _mix(knn: NearestNeighborDecoding, layer: DatastoreWeights, states, logits):
+    model_log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    if knn.lam == 0:
+        return model_log_probs
+    distances, indices = nearest_neighbors(
+        states,
+        layer.datastore_keys.value,
+        knn.k,
+        key_chunk_size=knn.key_chunk_size,
+    )
+    probabilities = knn_probabilities(
+        ops.take(layer.datastore_values.value, indices, axis=0),
+        knn_weights(distances, knn.temperature),
+        knn.datastore.vocabulary_size,
+    )
+    return knn_mixture_log_probs(model_log_probs, probabilities, knn.lam)
 
 
 def knn_target_log_probs(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
 from keras import ops
 
@@ -277,7 +279,13 @@ def _logits_fn(model, embedding):
     logits_layer = model.get_layer("logits")
     if isinstance(logits_layer, keras.layers.Dense):
         return logits_layer
-    return lambda hidden: logits_layer(embedding(hidden, reverse=True))
+    # Not a lambda: AutoGraph cannot find a lambda's source here and logs a
+    # warning each time a decoding function is traced.
+    return functools.partial(_tied_logits, logits_layer, embedding)
+
+
+def _tied_logits(logits_layer, embedding, hidden):
+    return logits_layer(embedding(hidden, reverse=True))
 
 
 def transformer_language_model_decoding(model: keras.Model):
