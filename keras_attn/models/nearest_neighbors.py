@@ -149,23 +149,20 @@ class DatastoreWeights(keras.layers.Layer):
 
     def __init__(self, datastore: TranslationDatastore, **kwargs):
         super().__init__(trainable=False, **kwargs)
-        self.datastore_keys = self.add_weight(
-            shape=datastore.keys.shape,
-            dtype="float32",
-            initializer="zeros",
-            trainable=False,
-            name="datastore_keys",
-        )
-        self.datastore_keys.assign(datastore.keys)
-        self.datastore_values = self.add_weight(
-            shape=datastore.values.shape,
-            dtype="int32",
-            initializer="zeros",
-            trainable=False,
-            name="datastore_values",
-        )
-        self.datastore_values.assign(datastore.values)
+        self.datastore_keys = self._constant("datastore_keys", datastore.keys)
+        self.datastore_values = self._constant("datastore_values", datastore.values)
         self.built = True
+
+    def _constant(self, name, array):
+        weight = self.add_weight(
+            shape=array.shape,
+            dtype=str(array.dtype),
+            initializer="zeros",
+            trainable=False,
+            name=name,
+        )
+        weight.assign(array)
+        return weight
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -22,6 +22,20 @@ pytestmark = pytest.mark.tf_only
 MAX_LENGTH = 10
 
 
+def small_transformer(vocabulary):
+    return transformer_translator(
+        vocabulary,
+        vocabulary,
+        sequence_length=MAX_LENGTH + 1,
+        embedding_dim=16,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+        shared_vocabulary=True,
+    )
+
+
 @pytest.fixture(scope="module", params=["transformer", "rnn", "bert"])
 def exported(request, small_tokenizer, tmp_path_factory):
     vocabulary = small_tokenizer.vocabulary_size
@@ -35,17 +49,7 @@ def exported(request, small_tokenizer, tmp_path_factory):
         )
         source_tokenizer = checkpoint.tokenizer()
     elif request.param == "transformer":
-        model = transformer_translator(
-            vocabulary,
-            vocabulary,
-            sequence_length=MAX_LENGTH + 1,
-            embedding_dim=16,
-            num_encoder_layers=1,
-            num_decoder_layers=1,
-            num_heads=2,
-            intermediate_dim=32,
-            shared_vocabulary=True,
-        )
+        model = small_transformer(vocabulary)
     else:
         model = rnn_translator(vocabulary, vocabulary, embedding_dim=8, units=12)
     base = tmp_path_factory.mktemp("export")
@@ -134,17 +138,7 @@ def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path):
     """The datastore travels as variables, and the served translations are
     those of the in-process kNN-MT beam search, not the model's alone."""
     vocabulary = small_tokenizer.vocabulary_size
-    model = transformer_translator(
-        vocabulary,
-        vocabulary,
-        sequence_length=MAX_LENGTH + 1,
-        embedding_dim=16,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        intermediate_dim=32,
-        shared_vocabulary=True,
-    )
+    model = small_transformer(vocabulary)
     rng = np.random.default_rng(0)
     store = TranslationDatastore(
         rng.normal(size=(50, 16)).astype("float32"),
