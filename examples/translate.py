@@ -53,8 +53,8 @@ from keras_attn.models import (
     load_pretrained,
     rnn_translator,
     transformer_translator,
-    transformer_translator_states,
     translation_datastore,
+    translation_states,
     translator_adapter,
 )
 from keras_attn.text import (
@@ -561,32 +561,6 @@ def main(argv=None) -> dict:
     return metrics
 
 
-def reference_scores(model, validation_data, verbose):
-    """Teacher-forced decoder states and the model's log-probability of every
-    reference token of `validation_data` (the non-padding targets)."""
-    import tensorflow as tf
-
-    states_model = transformer_translator_states(model)
-    columns = {"states": [], "log_probs": [], "targets": []}
-    batches = int(validation_data.cardinality())
-    progress = training.progress_bar(
-        "Scoring the validation references", batches, verbose
-    )
-    for step, (inputs, targets, *_) in enumerate(validation_data, start=1):
-        states, logits = states_model(inputs, training=False)
-        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
-        targets = targets.numpy()
-        keep = targets != 0
-        target_log_probs = np.take_along_axis(
-            log_probs.numpy(), targets[..., None], axis=-1
-        )[..., 0]
-        columns["states"].append(np.asarray(states, "float32")[keep])
-        columns["log_probs"].append(target_log_probs[keep])
-        columns["targets"].append(targets[keep])
-        progress.update(step)
-    return {name: np.concatenate(parts) for name, parts in columns.items()}
-
-
 def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args):
     """kNN-MT: a datastore of the training pairs' decoder states; `k`,
     temperature and lambda chosen by the mixture's log-likelihood of the
@@ -606,7 +580,7 @@ def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args)
         f"kNN-MT datastore: {len(datastore):,} target tokens of the training "
         f"pairs ({datastore.keys.nbytes / 2**20:,.0f} MiB) in {datastore_seconds:.0f} s"
     )
-    scores = reference_scores(model, validation_data, args.verbose)
+    scores = translation_states(model, validation_data, log_probs=True)
     largest_k = min(max(args.knn_k), len(datastore))
     distances, indices = [], []
     for start in range(0, len(scores["targets"]), 1024):

@@ -5,6 +5,7 @@ from keras_attn.models.nearest_neighbors import (
     TranslationDatastore,
     knn_target_log_probs,
     translation_datastore,
+    translation_states,
 )
 from keras_attn.models.pretrained import (
     BertCheckpoint,
@@ -66,5 +67,6 @@ __all__ = [
     "transformer_translator_decoding",
     "transformer_translator_states",
     "translation_datastore",
+    "translation_states",
     "translator_adapter",
 ]

@@ -109,35 +109,59 @@ def _batches_with_targets(dataset):
         yield batch[0], batch[1]
 
 
-def translation_datastore(model, dataset) -> TranslationDatastore:
-    """The datastore of a Transformer translator over `dataset`'s pairs.
+def translation_states(model, dataset, *, log_probs: bool = False) -> dict:
+    """A Transformer translator's teacher-forced decoder states at every
+    non-padding target of `dataset` (id != 0, the end token included).
 
     Args:
         model: a `transformer_translator` or `bert_transformer_translator`.
         dataset: batches `({"encoder_inputs", "decoder_inputs"}, targets[,
-            sample_weight])`, e.g. `translation_dataset(train_pairs, ...,
-            shuffle=False)`; every non-padding target (id != 0, the end token
-            included) gives one entry.
+            sample_weight])`, e.g. `translation_dataset(pairs, ...,
+            shuffle=False)`.
+        log_probs: also return the model's log-probability of each target.
+
+    Returns:
+        `{"states": (N, d) float32, "targets": (N,) int32}` numpy arrays, and
+        `"log_probs": (N,) float32` with `log_probs=True`.
+    """
+    from keras_attn.models.transformer import transformer_translator_states
+
+    states_model = transformer_translator_states(model)
+    columns = {"states": [], "targets": [], "log_probs": []}
+    for inputs, targets in _batches_with_targets(dataset):
+        states, logits = states_model(inputs, training=False)
+        targets = np.asarray(targets)
+        keep = targets != 0
+        columns["states"].append(
+            np.asarray(ops.convert_to_numpy(states), "float32")[keep]
+        )
+        columns["targets"].append(targets[keep].astype("int32"))
+        if log_probs:
+            scores = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            scores = ops.take_along_axis(scores, targets[..., None], axis=-1)
+            columns["log_probs"].append(ops.convert_to_numpy(scores)[..., 0][keep])
+    if not columns["states"]:
+        raise ValueError("`dataset` must yield at least one batch. Received: none")
+    return {name: np.concatenate(parts) for name, parts in columns.items() if parts}
+
+
+def translation_datastore(model, dataset) -> TranslationDatastore:
+    """The datastore of a Transformer translator over `dataset`'s pairs:
+    `translation_states` as keys, their targets as values.
+
+    Args:
+        model: a `transformer_translator` or `bert_transformer_translator`.
+        dataset: batches as `translation_states` reads them, e.g.
+            `translation_dataset(train_pairs, ..., shuffle=False)`; every
+            non-padding target gives one entry.
 
     Returns:
         A `TranslationDatastore` (about `4 * d` bytes per target token: 300 MB
         for 200k tokens at d = 384).
     """
-    from keras_attn.models.transformer import transformer_translator_states
-
-    states_model = transformer_translator_states(model)
-    vocabulary_size = int(model.output.shape[-1])
-    keys, values = [], []
-    for inputs, targets in _batches_with_targets(dataset):
-        states, _ = states_model(inputs, training=False)
-        targets = np.asarray(targets)
-        keep = targets != 0
-        keys.append(np.asarray(ops.convert_to_numpy(states), "float32")[keep])
-        values.append(targets[keep])
-    if not keys:
-        raise ValueError("`dataset` must yield at least one batch. Received: none")
+    found = translation_states(model, dataset)
     return TranslationDatastore(
-        np.concatenate(keys), np.concatenate(values), vocabulary_size
+        found["states"], found["targets"], int(model.output.shape[-1])
     )
 
 

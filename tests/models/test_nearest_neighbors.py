@@ -10,6 +10,7 @@ from keras_attn.models import (
     rnn_translator,
     transformer_translator_states,
     translation_datastore,
+    translation_states,
     translator_adapter,
 )
 from keras_attn.text import START_ID
@@ -68,6 +69,19 @@ def test_the_datastore_keeps_each_non_padding_target_and_its_state():
     np.testing.assert_allclose(store.keys[9:], expected_keys, atol=1e-6)
     np.testing.assert_array_equal(store.values, np.tile(LABELS[keep], 2))
     assert store.keys.dtype == np.float32 and store.values.dtype == np.int32
+
+
+def test_states_come_with_the_models_log_probability_of_each_target():
+    model = small_translator()
+    found = translation_states(model, batches()[:1], log_probs=True)
+    logits = to_numpy(model({"encoder_inputs": SOURCE, "decoder_inputs": TARGET}))
+    logits = logits.astype("float64")
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    keep = LABELS != 0
+    expected = np.take_along_axis(log_softmax, LABELS[..., None], -1)[..., 0][keep]
+    np.testing.assert_allclose(found["log_probs"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(found["targets"], LABELS[keep])
+    assert "log_probs" not in translation_states(model, batches()[:1])
 
 
 def test_the_datastore_survives_a_save_and_load(tmp_path):
