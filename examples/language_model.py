@@ -25,7 +25,8 @@ whose theta and lambda are chosen on the validation text
 (`test_bits_per_character_with_cache`). Writes to --out: vocab/,
 checkpoints/, backup/, logs/, model.keras, metrics.json, plots/ (one head of
 self-attention per layer on a test passage), samples.txt and, unless
---no-export, the TF Serving export under export/language_model/<version>/.
+--no-export, the TF Serving export under export/language_model/<version>/
+(its `score` signature mixes in the cache chosen here, unless --no-cache).
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def parse_args(argv=None):
         "--no-cache",
         action="store_true",
         help="skip the continuous cache's evaluation (its validation search "
-        "takes about half a minute per --cache-theta value on the default data)",
+        "takes about half a minute per --cache-theta value on the default data); "
+        "the export's score signature then uses the model alone",
     )
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--warmup-steps", type=int, default=200)
@@ -442,11 +444,18 @@ def main(argv=None) -> dict:
     if not args.no_export:
         from keras_attn.export import export_language_model
 
+        # The export's `score` uses the cache chosen on the validation text.
+        chosen = metrics.get("cache")
         export_dir = export_language_model(
             model,
             tokenizer,
             training.export_base(args, out),
             max_new_tokens=min(64, args.sequence_length // 2),
+            continuous_cache=None
+            if chosen is None
+            else ops.ContinuousCache(
+                chosen["theta"], chosen["lambda"], chosen["window"] or None
+            ),
         )
     environment = training.describe_environment(policy, strategy)
     training.write_metrics(

@@ -3,6 +3,7 @@
 from keras_attn.ops.attention import dot_product_attention, weighted_sum
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.continuous_cache import (
+    ContinuousCache,
     continuous_cache_log_probs,
     continuous_cache_mixture,
     continuous_cache_probabilities,
@@ -33,6 +34,7 @@ from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
 
 __all__ = [
     "MASK_VALUE",
+    "ContinuousCache",
     "additive_score",
     "additive_score_from_projections",
     "attention_mask_from_padding",

@@ -19,6 +19,7 @@ the window are chosen on held-out text.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -210,3 +211,37 @@ def continuous_cache_log_probs(
     return continuous_cache_mixture(
         model_log_probs, cache_probabilities, has_memory, lam
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinuousCache:
+    """A continuous cache's settings, checked once: what
+    `keras_attn.export.export_language_model(..., continuous_cache=)` puts in
+    an export's `score` signature.
+
+    Attributes:
+        theta: the flatness of the cache's softmax (> 0).
+        lam: the cache's weight in the mixture, in [0, 1).
+        window: positions remembered, or None for the whole text so far.
+    """
+
+    theta: float
+    lam: float
+    window: int | None = None
+
+    def __post_init__(self):
+        v.check_positive_float("theta", self.theta)
+        v.check_rate("lam", self.lam)
+        v.check_positive_int("window", self.window, allow_none=True)
+
+    def log_probs(self, states, target_ids, model_log_probs, document_ids):
+        """`continuous_cache_log_probs` with these settings."""
+        return continuous_cache_log_probs(
+            states,
+            target_ids,
+            model_log_probs,
+            document_ids,
+            theta=self.theta,
+            lam=self.lam,
+            window=self.window,
+        )

@@ -49,7 +49,9 @@ def test_eval_stride_out_of_range_is_refused(stride, capsys):
     )
 
 
-def test_smoke_run_records_strided_and_nonoverlapping_figures(tmp_path):
+def test_smoke_run_records_strided_and_nonoverlapping_figures_and_exports_the_cache(
+    tmp_path,
+):
     data = tmp_path / "play.txt"  # long enough for three non-empty splits
     data.write_text((FIXTURES / "play_sample.txt").read_text() * 20)
     out = tmp_path / "run"
@@ -60,7 +62,6 @@ def test_smoke_run_records_strided_and_nonoverlapping_figures(tmp_path):
         data,
         "--batch-size",
         8,
-        "--no-export",
         "--eval-stride",
         8,
         "--cache-theta",
@@ -119,6 +120,15 @@ def test_smoke_run_records_strided_and_nonoverlapping_figures(tmp_path):
     assert metrics["test_bits_per_character_with_cache"] > 0
     assert "test bits per character with the cache (non-overlapping)" in stdout
     assert "Choosing the continuous cache on the validation text:" in stdout
+    # The export's score signature mixes in the cache chosen here.
+    export = out / "export" / "language_model" / "1"
+    metadata = json.loads((export / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["continuous_cache"] == {
+        "theta": best["theta"],
+        "lambda": best["lambda"],
+        "window": None,
+    }
+    assert "model_log_likelihood" in metadata["signatures"]["score"]["outputs"]
 
 
 def test_cache_options_parse_and_bad_values_are_refused(capsys):

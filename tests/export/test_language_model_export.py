@@ -1,11 +1,17 @@
+import json
 import math
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_attn.export import check_servable, export_language_model
-from keras_attn.models import transformer_language_model
+from keras_attn.models import (
+    transformer_language_model,
+    transformer_language_model_states,
+)
+from keras_attn.ops import ContinuousCache
 from keras_attn.text import END_ID, START_ID
 from tests.export.conftest import nasty_batch
 
@@ -88,3 +94,131 @@ def test_bad_input_on_the_export(exported):
     ].shape == (0,)
     big = loaded.signatures["serving_default"](prompt=tf.constant(["the"] * 256))
     assert big["completion"].shape == (256,)
+
+
+CACHE = ContinuousCache(theta=0.5, lam=0.3)
+
+
+@pytest.fixture(scope="module")
+def exported_with_cache(exported, tmp_path_factory):
+    model, tokenizer, _ = exported
+    base = tmp_path_factory.mktemp("export_cache")
+    windowed = ContinuousCache(theta=0.5, lam=0.3, window=5)
+    return {
+        cache: export_language_model(
+            model, tokenizer, base, max_new_tokens=6, continuous_cache=cache
+        )
+        for cache in (CACHE, windowed)
+    }
+
+
+def reference_cache_scores(model, tokenizer, text, cache):
+    """The export's windows (CONTEXT inputs every CONTEXT // 2 positions, each
+    scoring the targets the previous one did not) computed one by one, then
+    the cache of keras_attn.ops (NumPy, chunked) over the text's states."""
+    ids = [START_ID, *tokenizer.tokenize(text).numpy().tolist(), END_ID]
+    scorer = transformer_language_model_states(model)
+    stride = CONTEXT // 2
+    states, log_probs = [], []
+    begin, first_new = 0, 0
+    while begin + first_new < len(ids) - 1:
+        window = ids[begin : begin + CONTEXT + 1]
+        window_states, logits = scorer(np.array([window[:-1]], "int32"))
+        logits = np.asarray(logits, "float64")[0]
+        window_log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        for position in range(first_new, len(window) - 1):
+            states.append(np.asarray(window_states)[0, position])
+            log_probs.append(window_log_probs[position, window[position + 1]])
+        begin, first_new = begin + stride, CONTEXT - stride
+    targets = np.array(ids[1:])
+    assert len(states) == len(targets)  # every target once, in order
+    mixed = cache.log_probs(
+        np.stack(states), targets, np.array(log_probs), np.zeros_like(targets)
+    )
+    return float(np.sum(mixed)), float(np.sum(log_probs)), len(targets)
+
+
+def test_the_cache_export_scores_as_the_cache_of_keras_attn_ops(
+    exported, exported_with_cache
+):
+    model, tokenizer, plain_path = exported
+    texts = [
+        "where is the house",  # one window
+        " ".join(["the station is near the house"] * 8),  # several windows
+        "the house the house the house the house",  # repeats: the cache helps
+    ]
+    plain = tf.saved_model.load(str(plain_path)).signatures["score"](
+        text=tf.constant(texts)
+    )
+    for cache, path in exported_with_cache.items():
+        outputs = tf.saved_model.load(str(path)).signatures["score"](
+            text=tf.constant(texts)
+        )
+        assert sorted(outputs) == [
+            "log_likelihood",
+            "model_log_likelihood",
+            "num_tokens",
+        ]
+        # The model's own figure is the export without the cache's.
+        np.testing.assert_allclose(
+            outputs["model_log_likelihood"].numpy(),
+            plain["log_likelihood"].numpy(),
+            rtol=1e-5,
+        )
+        np.testing.assert_array_equal(
+            outputs["num_tokens"].numpy(), plain["num_tokens"].numpy()
+        )
+        for row, text in enumerate(texts):
+            want, want_model, count = reference_cache_scores(
+                model, tokenizer, text, cache
+            )
+            assert outputs["num_tokens"].numpy()[row] == count
+            np.testing.assert_allclose(
+                outputs["model_log_likelihood"].numpy()[row], want_model, rtol=1e-4
+            )
+            np.testing.assert_allclose(
+                outputs["log_likelihood"].numpy()[row], want, rtol=1e-4
+            )
+            assert outputs["log_likelihood"].numpy()[row] != pytest.approx(
+                want_model, rel=1e-3
+            )  # the cache took part
+    # The window changed what the cache saw in the long texts.
+    whole, windowed = (
+        tf.saved_model.load(str(path)).signatures["score"](text=tf.constant(texts))[
+            "log_likelihood"
+        ]
+        for path in exported_with_cache.values()
+    )
+    assert whole.numpy()[1] != pytest.approx(windowed.numpy()[1], rel=1e-4)
+
+
+def test_the_cache_export_is_servable_and_takes_any_input(exported_with_cache):
+    path = exported_with_cache[CACHE]
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["continuous_cache"] == {"theta": 0.5, "lambda": 0.3, "window": None}
+    assert list(metadata["signatures"]["score"]["outputs"]) == [
+        "log_likelihood",
+        "model_log_likelihood",
+        "num_tokens",
+    ]
+    score = tf.saved_model.load(str(path)).signatures["score"]
+    outputs = score(text=tf.constant(nasty_batch()))
+    for name in ("log_likelihood", "model_log_likelihood"):
+        assert np.isfinite(outputs[name].numpy()).all(), name
+    assert score(text=tf.zeros([0], tf.string))["log_likelihood"].shape == (0,)
+
+
+def test_the_continuous_cache_argument_is_checked(exported, tmp_path):
+    model, tokenizer, _ = exported
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "`continuous_cache` must be a keras_attn.ops.ContinuousCache or None. "
+            "Received: continuous_cache={'theta': 0.5}"
+        ),
+    ):
+        export_language_model(
+            model, tokenizer, tmp_path, continuous_cache={"theta": 0.5}
+        )

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keras_attn.ops import (
+    ContinuousCache,
     continuous_cache_log_probs,
     continuous_cache_mixture,
     continuous_cache_probabilities,
@@ -243,3 +244,35 @@ def test_cache_and_mixture_are_distributions_over_the_vocabulary():
             np.log(model_probs), probabilities, to_numpy(has_memory), 0.35
         )
         np.testing.assert_allclose(np.exp(mixed).sum(), 1.0, atol=1e-5)
+
+
+def test_continuous_cache_settings_score_as_the_function():
+    rng = np.random.default_rng(2)
+    states = rng.normal(size=(9, 4)).astype("float32")
+    targets = rng.integers(0, 3, size=9)
+    documents = np.array([0] * 4 + [1] * 5)
+    model_log_probs = np.log(rng.uniform(0.05, 0.9, size=9)).astype("float32")
+    cache = ContinuousCache(theta=0.3, lam=0.2, window=2)
+    np.testing.assert_array_equal(
+        cache.log_probs(states, targets, model_log_probs, documents),
+        continuous_cache_log_probs(
+            states, targets, model_log_probs, documents, theta=0.3, lam=0.2, window=2
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"theta": -1.0}, "`theta` must be a positive number. Received: theta=-1.0"),
+        ({"lam": 1.0}, "`lam` must be a float in [0, 1). Received: lam=1.0"),
+        (
+            {"window": 0},
+            "`window` must be a positive integer or None. Received: window=0",
+        ),
+    ],
+)
+def test_bad_continuous_cache_settings_are_named(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        ContinuousCache(**{"theta": 0.1, "lam": 0.3, **kwargs})
+    assert str(error.value) == message
