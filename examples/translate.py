@@ -23,7 +23,8 @@ beam search (width --beam-width, GNMT length penalty --length-penalty) over
 the KV cache, and the decoding time per sentence. Unless --no-knn, the
 Transformer is then decoded once more with kNN-MT (a datastore of its decoder
 states over the training pairs; k, temperature and lambda chosen on the
-validation references) and the figures are reported with and without it.
+validation references, then the length penalty by validation BLEU) and the
+figures are reported with and without it.
 Writes to --out: vocab/, checkpoints/, backup/, logs/, model.keras,
 metrics.json, translations.tsv (test source, reference, hypothesis),
 translations_knn.tsv (the same with kNN-MT), plots/ (alignment heatmaps) and,
@@ -210,6 +211,15 @@ def parse_args(argv=None):
         "split (each in [0, 1))",
     )
     parser.add_argument(
+        "--knn-length-penalty",
+        type=training.number_list(float),
+        default="1.0,1.5",
+        metavar="A[,A...]",
+        help="length penalties of the kNN-MT beam search to try on the "
+        "validation split (highest BLEU; each a validation decoding of about 8 "
+        "minutes on the default data); the model alone keeps --length-penalty",
+    )
+    parser.add_argument(
         "--no-knn",
         action="store_true",
         help="skip the kNN-MT evaluation (a datastore of the training pairs' "
@@ -275,6 +285,11 @@ def parse_args(argv=None):
     if not all(0 <= lam < 1 for lam in args.knn_lambda):
         parser.error(
             f"--knn-lambda values must be in [0, 1). Received: {args.knn_lambda}"
+        )
+    if not all(alpha >= 0 for alpha in args.knn_length_penalty):
+        parser.error(
+            "--knn-length-penalty values must be 0 or more. "
+            f"Received: {args.knn_length_penalty}"
         )
     if args.export_knn:
         conflict = [
@@ -491,7 +506,9 @@ def main(argv=None) -> dict:
             training.export_base(args, out),
             max_length=args.max_length,
             beam_width=args.beam_width,
-            length_penalty=args.length_penalty,
+            length_penalty=knn["chosen"]["length_penalty"]
+            if args.export_knn
+            else args.length_penalty,
             nearest_neighbors=knn["decoding"] if args.export_knn else None,
         )
     metrics = {
@@ -521,6 +538,7 @@ def main(argv=None) -> dict:
                 ],
                 "knn": knn["chosen"],
                 "knn_validation_trials": knn["trials"],
+                "knn_length_penalty_trials": knn["length_penalty_trials"],
             }
         )
     environment = training.describe_environment(policy, strategy)
@@ -564,12 +582,13 @@ def main(argv=None) -> dict:
 def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args):
     """kNN-MT: a datastore of the training pairs' decoder states; `k`,
     temperature and lambda chosen by the mixture's log-likelihood of the
-    validation references (lowest total loss); then both splits decoded with
-    the chosen mixture.
+    validation references (lowest total loss); then the validation split
+    decoded with the chosen mixture under each `--knn-length-penalty`, and the
+    test split under the one with the highest validation BLEU.
 
-    Returns `{"chosen", "trials", "decoding", "validation", "test"}`
-    (`decoding` the chosen `NearestNeighborDecoding`; the last two as
-    `evaluate` returns them).
+    Returns `{"chosen", "trials", "length_penalty_trials", "decoding",
+    "validation", "test"}` (`decoding` the chosen `NearestNeighborDecoding`;
+    the last two as `evaluate` returns them).
     """
     from keras_attn.ops import nearest_neighbors
 
@@ -628,35 +647,72 @@ def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args)
         f"reference token against {model_nats:.3f} for the model alone)"
     )
     adapter = translator_adapter(model, nearest_neighbors=knn)
-    results = {
-        split: evaluate(
+    validations = {}
+    for length_penalty in dict.fromkeys(args.knn_length_penalty):  # in order, once
+        validations[length_penalty] = evaluate(
             adapter,
             tokenizers,
-            getattr(splits, split)[: args.test_sentences],
+            splits.validation[: args.test_sentences],
             args,
-            f"{split} (kNN-MT)",
+            f"validation (kNN-MT, length penalty {length_penalty:g})",
+            length_penalty=length_penalty,
         )
-        for split in ("validation", "test")
+    length_penalty_trials = [
+        {
+            "length_penalty": length_penalty,
+            "validation_bleu": result["bleu"].score,
+            "validation_chrf": result["chrf"].score,
+            "validation_length_ratio": result["bleu"].sys_len
+            / max(1, result["bleu"].ref_len),
+        }
+        for length_penalty, result in validations.items()
+    ]
+    length_penalty = max(
+        length_penalty_trials, key=lambda trial: trial["validation_bleu"]
+    )["length_penalty"]
+    results = {
+        "validation": validations[length_penalty],
+        "test": evaluate(
+            adapter,
+            tokenizers,
+            splits.test[: args.test_sentences],
+            args,
+            f"test (kNN-MT, length penalty {length_penalty:g})",
+            length_penalty=length_penalty,
+        ),
     }
     chosen = dict(
         chosen,
+        length_penalty=length_penalty,
         datastore_entries=len(datastore),
         datastore_seconds=datastore_seconds,
         model_validation_nats_per_token=model_nats,
     )
-    return {"chosen": chosen, "trials": trials, "decoding": knn, **results}
+    return {
+        "chosen": chosen,
+        "trials": trials,
+        "length_penalty_trials": length_penalty_trials,
+        "decoding": knn,
+        **results,
+    }
 
 
-def evaluate(adapter, tokenizers, pairs, args, split="test"):
+def evaluate(adapter, tokenizers, pairs, args, split="test", length_penalty=None):
     """Beam-search `pairs`' sources and score them against their targets:
-    sacrebleu BLEU and chrF on detokenized text, decoding time per sentence."""
+    sacrebleu BLEU and chrF on detokenized text, decoding time per sentence
+    (`length_penalty`: the beam search's, default `--length-penalty`)."""
     import sacrebleu
 
     sources = [source for source, _ in pairs]
     references = [target for _, target in pairs]
     started = time.monotonic()
     hypotheses = translate(
-        adapter, tokenizers, sources, args, title=f"Translating the {split} split"
+        adapter,
+        tokenizers,
+        sources,
+        args,
+        title=f"Translating the {split} split",
+        length_penalty=length_penalty,
     )
     decode_seconds = time.monotonic() - started
     bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
@@ -672,9 +728,18 @@ def evaluate(adapter, tokenizers, pairs, args, split="test"):
     }
 
 
-def translate(adapter, tokenizers, sources, args, batch_size=64, title="Translating"):
+def translate(
+    adapter,
+    tokenizers,
+    sources,
+    args,
+    batch_size=64,
+    title="Translating",
+    length_penalty=None,
+):
     """Beam-search translations of `sources`, batched, as strings, with a
-    progress bar (`--verbose`) over the batches (`tokenizers`: source, target)."""
+    progress bar (`--verbose`) over the batches (`tokenizers`: source, target;
+    `length_penalty`: default `--length-penalty`)."""
     import tensorflow as tf
 
     source_tokenizer, target_tokenizer = tokenizers
@@ -683,7 +748,9 @@ def translate(adapter, tokenizers, sources, args, batch_size=64, title="Translat
         adapter.beam_search_fn(
             max_length=args.max_length,
             beam_width=args.beam_width,
-            length_penalty=args.length_penalty,
+            length_penalty=args.length_penalty
+            if length_penalty is None
+            else length_penalty,
         ),
         input_signature=[tf.TensorSpec([None, args.max_length], tf.int32)],
     )

@@ -85,6 +85,10 @@ def test_translate_refuses_a_negative_length_penalty(capsys):
             "--knn-lambda values must be in [0, 1). Received: (0.2, 1.0)",
         ),
         (["--knn-k", "8.5"], "expected comma-separated ints. Received: '8.5'"),
+        (
+            ["--knn-length-penalty", "1,-0.5"],
+            "--knn-length-penalty values must be 0 or more. Received: (1.0, -0.5)",
+        ),
     ],
 )
 def test_translate_refuses_bad_knn_settings(flags, message, capsys):

@@ -153,6 +153,18 @@ def test_translate_smoke(tmp_path):
         chosen["lambda"],
     )
     assert served["datastore_entries"] == chosen["datastore_entries"]
+    # The length penalty: each of --knn-length-penalty (1.0, 1.5) decodes the
+    # validation split; the highest BLEU decodes the test split and is served.
+    penalties = metrics["knn_length_penalty_trials"]
+    assert [trial["length_penalty"] for trial in penalties] == [1.0, 1.5]
+    best = max(penalties, key=lambda trial: trial["validation_bleu"])
+    assert chosen["length_penalty"] == best["length_penalty"]
+    assert metrics["validation_bleu_with_knn"] == best["validation_bleu"]
+    assert metadata["length_penalty"] == chosen["length_penalty"]
+    for alpha in ("1", "1.5"):
+        assert f"Translating the validation (kNN-MT, length penalty {alpha}) split" in (
+            stdout
+        )
 
 
 def test_translate_smoke_with_subword_sampling(tmp_path):
