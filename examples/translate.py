@@ -220,6 +220,15 @@ def parse_args(argv=None):
         "minutes on the default data); the model alone keeps --length-penalty",
     )
     parser.add_argument(
+        "--knn-key-dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="the dtype kNN-MT decoding holds and searches the datastore's keys "
+        "in; auto: the compute dtype of --mixed-precision (bfloat16 keys lose "
+        "nothing for a model trained in mixed_bfloat16, whose states are "
+        "bfloat16, and halve the memory and the search time)",
+    )
+    parser.add_argument(
         "--no-knn",
         action="store_true",
         help="skip the kNN-MT evaluation (a datastore of the training pairs' "
@@ -635,16 +644,21 @@ def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args)
                 )
     chosen = min(trials, key=lambda trial: trial["validation_nats_per_token"])
     model_nats = -float(np.mean(scores["log_probs"], dtype="float64"))
+    key_dtype = args.knn_key_dtype
+    if key_dtype == "auto":
+        key_dtype = keras.config.dtype_policy().compute_dtype
     knn = NearestNeighborDecoding(
         datastore,
         k=chosen["k"],
         temperature=chosen["temperature"],
         lam=chosen["lambda"],
+        key_dtype=key_dtype,
     )
     print(
         f"kNN-MT chosen on validation: k={knn.k}, temperature={knn.temperature:g}, "
         f"lambda={knn.lam:g} ({chosen['validation_nats_per_token']:.3f} nats per "
-        f"reference token against {model_nats:.3f} for the model alone)"
+        f"reference token against {model_nats:.3f} for the model alone); "
+        f"keys searched in {knn.key_dtype}"
     )
     adapter = translator_adapter(model, nearest_neighbors=knn)
     validations = {}
@@ -684,6 +698,7 @@ def knn_evaluation(model, tokenizers, train_data, validation_data, splits, args)
     chosen = dict(
         chosen,
         length_penalty=length_penalty,
+        key_dtype=knn.key_dtype,
         datastore_entries=len(datastore),
         datastore_seconds=datastore_seconds,
         model_validation_nats_per_token=model_nats,

@@ -158,6 +158,7 @@ def export_translator(
             "temperature": nearest_neighbors.temperature,
             "lambda": nearest_neighbors.lam,
             "datastore_entries": len(nearest_neighbors.datastore),
+            "key_dtype": nearest_neighbors.key_dtype,
             "formula": "(1 - lambda) p_model + lambda softmax(-d / temperature) "
             "over the k nearest datastore keys' tokens",
         },

@@ -25,14 +25,30 @@ from keras import ops
 from keras_attn import _validation as v
 
 
-def nearest_neighbors(queries, keys, k: int, key_chunk_size: int = 65536):
+def nearest_neighbors(
+    queries, keys, k: int, key_chunk_size: int = 65536, key_norms=None
+):
     """The `k` keys nearest to each query, by squared Euclidean distance.
+
+    Exact. Each chunk of keys is scored with one matrix product; its `k`
+    nearest are then found among the `k` groups of `GROUP_SIZE` consecutive
+    keys whose nearest members are nearest (every one of the chunk's `k`
+    nearest keys lies in such a group), which spares a `top_k` over the
+    whole chunk.
 
     Args:
         queries: `(Q, d)` float.
-        keys: `(K, d)` float (any float dtype: the search runs in float32).
+        keys: `(K, d)` float. float32 keys (or float64) are searched exactly,
+            in float32. bfloat16 or float16 keys are multiplied with the
+            queries in that dtype: half the memory and bandwidth, about
+            twice as fast on CPUs with bfloat16 instructions (bfloat16) and on
+            GPUs, with distances rounded to that dtype's precision (the rest,
+            norms and selection, stays in float32).
         k: neighbours per query, `1 <= k <= K`.
         key_chunk_size: keys scored at once (memory `Q * key_chunk_size`).
+        key_norms: optional `(K,)` float32 squared norms of `keys`
+            (`sum(keys**2, -1)`), when they are kept with a datastore that is
+            searched many times; computed here otherwise.
 
     Returns:
         `(distances, indices)`: `(Q, k)` float32 squared distances, nearest
@@ -52,19 +68,30 @@ def nearest_neighbors(queries, keys, k: int, key_chunk_size: int = 65536):
         raise ValueError(
             f"`k` must be at most the number of keys ({num_keys}). Received: k={k}"
         )
+    if key_norms is not None and tuple(key_norms.shape) != (num_keys,):
+        raise ValueError(
+            f"`key_norms` must have one entry per key ({num_keys}). "
+            f"Received: key_norms.shape={tuple(key_norms.shape)}"
+        )
     queries = ops.cast(queries, "float32")
     query_norms = ops.sum(ops.square(queries), axis=-1, keepdims=True)  # (Q, 1)
+    product_dtype = _product_dtype(keys.dtype)
+    product_queries = ops.cast(queries, product_dtype)
     best_distances, best_indices = None, None
     for start in range(0, num_keys, key_chunk_size):
-        chunk = ops.cast(keys[start : start + key_chunk_size], "float32")  # (C, d)
+        chunk = ops.cast(keys[start : start + key_chunk_size], product_dtype)  # (C, d)
+        chunk_norms = (
+            ops.sum(ops.square(ops.cast(chunk, "float32")), axis=-1)
+            if key_norms is None
+            else ops.cast(key_norms[start : start + key_chunk_size], "float32")
+        )
+        products = ops.matmul(product_queries, ops.transpose(chunk))
         distances = (
-            query_norms
-            - 2.0 * ops.matmul(queries, ops.transpose(chunk))
-            + ops.sum(ops.square(chunk), axis=-1)[None, :]
+            query_norms - 2.0 * ops.cast(products, "float32") + chunk_norms[None, :]
         )  # (Q, C)
         chunk_k = min(k, chunk.shape[0])
-        negative, indices = ops.top_k(-distances, k=chunk_k, sorted=True)
-        indices = ops.cast(indices, "int32") + start
+        negative, indices = _top_k_in_groups(-distances, chunk_k)
+        indices = indices + start
         if best_distances is None:
             best_distances, best_indices = -negative, indices
             continue
@@ -76,6 +103,40 @@ def nearest_neighbors(queries, keys, k: int, key_chunk_size: int = 65536):
         best_indices = ops.take_along_axis(merged_indices, pick, axis=1)
     # Rounding can leave a tiny negative distance for a query equal to a key.
     return ops.maximum(best_distances, 0.0), best_indices
+
+
+GROUP_SIZE = 64
+
+
+def _product_dtype(dtype) -> str:
+    """The dtype of the query-key products for keys of `dtype`."""
+    name = str(getattr(dtype, "name", dtype))
+    return name if name in ("bfloat16", "float16") else "float32"
+
+
+def _top_k_in_groups(scores, k):
+    """`ops.top_k(scores, k, sorted=True)` of `(Q, C)` scores, with int32
+    indices, found among the `k` groups of `GROUP_SIZE` columns with the
+    highest maxima: only they can hold a row's `k` highest scores (a group
+    holding one of them has a maximum at least the `k`-th highest, and at most
+    `k` groups do), so the result is exact."""
+    columns = scores.shape[1]
+    groups = -(-columns // GROUP_SIZE)
+    if groups <= k:  # nothing to spare
+        values, indices = ops.top_k(scores, k=k, sorted=True)
+        return values, ops.cast(indices, "int32")
+    padding = groups * GROUP_SIZE - columns
+    if padding:
+        scores = ops.pad(scores, [[0, 0], [0, padding]], constant_values=-math.inf)
+    grouped = ops.reshape(scores, (-1, groups, GROUP_SIZE))  # (Q, G, S)
+    _, best_groups = ops.top_k(ops.max(grouped, axis=-1), k=k, sorted=False)
+    candidates = ops.take_along_axis(grouped, best_groups[:, :, None], axis=1)
+    values, flat = ops.top_k(
+        ops.reshape(candidates, (-1, k * GROUP_SIZE)), k=k, sorted=True
+    )  # (Q, k) among the k groups' k * S columns
+    group = ops.take_along_axis(best_groups, flat // GROUP_SIZE, axis=1)
+    indices = group * GROUP_SIZE + flat % GROUP_SIZE
+    return values, ops.cast(indices, "int32")
 
 
 def knn_weights(distances, temperature: float):

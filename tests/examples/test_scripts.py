@@ -116,7 +116,8 @@ def test_translate_smoke(tmp_path):
         "--out",
         out,
     )
-    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    run = json.loads((out / "metrics.json").read_text())
+    metrics = run["metrics"]
     for split in ("validation", "test"):  # one line each when not on a terminal
         heading = f"Translating the {split} split:\n"
         assert re.search(heading + r"\d+/\d+ - \d+s - ", stdout), split
@@ -153,6 +154,11 @@ def test_translate_smoke(tmp_path):
         chosen["lambda"],
     )
     assert served["datastore_entries"] == chosen["datastore_entries"]
+    # --knn-key-dtype auto: the keys in the policy's compute dtype.
+    policy = run["environment"]["dtype_policy"]
+    compute_dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+    assert chosen["key_dtype"] == compute_dtype.get(policy, "float32")
+    assert served["key_dtype"] == chosen["key_dtype"]
     # The length penalty: each of --knn-length-penalty (1.0, 1.5) decodes the
     # validation split; the highest BLEU decodes the test split and is served.
     penalties = metrics["knn_length_penalty_trials"]

@@ -119,6 +119,47 @@ def test_a_decoding_step_mixes_the_model_with_its_neighbours():
         )
 
 
+@pytest.mark.parametrize("key_dtype", ["bfloat16", "float16"])
+def test_keys_held_in_half_precision_decode_as_their_rounded_values(key_dtype):
+    """Half the memory; the step mixes in the neighbours of the rounded keys
+    (distances rounded too, so within that precision of the brute force)."""
+    import ml_dtypes
+
+    model = small_translator()
+    store = translation_datastore(model, batches()[:1])
+    knn = NearestNeighborDecoding(
+        store, k=4, temperature=2.0, lam=0.4, key_dtype=key_dtype
+    )
+    layer = knn.weights_layer()
+    assert layer.datastore_keys.dtype == key_dtype
+    rounded = store.keys.astype(getattr(ml_dtypes, key_dtype, np.float16))
+    rounded = rounded.astype("float32")
+    np.testing.assert_array_equal(to_numpy(layer.datastore_keys.value), rounded)
+    np.testing.assert_allclose(
+        to_numpy(layer.datastore_key_norms.value), (rounded**2).sum(-1), rtol=1e-6
+    )
+    rounded_store = TranslationDatastore(rounded, store.values, 30)
+    plain = translator_adapter(model)
+    mixed = translator_adapter(model, nearest_neighbors=knn)
+    start = np.full((2, 1), START_ID, "int32")
+    logits, _ = plain.next_fn(start, plain.encode(SOURCE, 6), 0)
+    log_probs, _ = mixed.next_fn(start, mixed.encode(SOURCE, 6), 0)
+    states, _ = transformer_translator_states(model)(
+        {"encoder_inputs": SOURCE, "decoder_inputs": start}
+    )
+    logits = to_numpy(logits)[:, -1].astype("float64")
+    model_probs = np.exp(logits - logits.max(-1, keepdims=True))
+    model_probs /= model_probs.sum(-1, keepdims=True)
+    for row in range(2):
+        query = np.asarray(to_numpy(states), "float32")[row, 0]
+        expected = 0.6 * model_probs[row] + 0.4 * brute_force_knn(
+            query, rounded_store, 4, 2.0, 30
+        )
+        np.testing.assert_allclose(
+            np.exp(to_numpy(log_probs)[row, -1]), expected, atol=0.02
+        )
+
+
 def test_beam_search_with_a_zero_weight_is_the_models_own():
     model = small_translator()
     store = translation_datastore(model, batches())
@@ -183,6 +224,15 @@ def test_target_log_probs_follow_the_mixture_formula():
                 temperature=-1.0,
             ),
             "`temperature` must be a positive number. Received: temperature=-1.0",
+        ),
+        (
+            lambda: NearestNeighborDecoding(
+                TranslationDatastore(np.zeros((2, 2)), [0, 1], 4),
+                k=1,
+                key_dtype="int8",
+            ),
+            r"`key_dtype` must be one of \['float32', 'bfloat16', 'float16'\]. "
+            "Received: key_dtype='int8'",
         ),
         (
             lambda: NearestNeighborDecoding(np.zeros((2, 2))),

@@ -37,6 +37,80 @@ def test_nearest_neighbors_match_a_brute_force_search(key_chunk_size):
     assert to_numpy(indices).dtype == np.int32
 
 
+@pytest.mark.parametrize(
+    "num_keys, k, key_chunk_size",
+    [
+        (3000, 5, 65536),  # 47 groups of 64 (the last one short), 5 of them kept
+        (3000, 5, 1000),  # the same in chunks of 16 groups each
+        (4096, 64, 65536),  # exactly 64 groups: a plain top_k
+        (5000, 7, 64),  # one group per chunk
+    ],
+)
+def test_the_search_in_groups_is_exact(num_keys, k, key_chunk_size):
+    """Chunks of more than k groups of GROUP_SIZE keys search only their k
+    most promising groups; the result is still the brute-force one."""
+    rng = np.random.default_rng(3)
+    keys = rng.normal(size=(num_keys, 8)).astype("float32")
+    # Neighbours clustered in a few groups, and spread across groups.
+    queries = np.concatenate(
+        [keys[[10, 11, 2900]] + 0.01, rng.normal(size=(5, 8)).astype("float32")]
+    )
+    distances, indices = nearest_neighbors(
+        queries, keys, k=k, key_chunk_size=key_chunk_size
+    )
+    squared = ((queries[:, None, :] - keys[None, :, :]) ** 2).sum(-1)
+    expected = np.argsort(squared, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(to_numpy(indices), expected)
+    np.testing.assert_allclose(
+        to_numpy(distances),
+        np.take_along_axis(squared, expected, axis=1),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_keys_are_searched_in_their_dtype(dtype):
+    """Products in the keys' dtype: the neighbours of well-separated keys are
+    found, with distances within that dtype's rounding."""
+    from keras import ops
+
+    rng = np.random.default_rng(5)
+    keys = rng.normal(size=(3000, 16)).astype("float32")
+    queries = keys[[5, 1234, 2999]] + 0.05 * rng.normal(size=(3, 16))
+    distances, indices = nearest_neighbors(
+        queries, ops.cast(keys, dtype), k=3, key_chunk_size=1000
+    )
+    assert to_numpy(distances).dtype == np.float32
+    np.testing.assert_array_equal(to_numpy(indices)[:, 0], [5, 1234, 2999])
+    rounded = to_numpy(ops.cast(ops.cast(keys, dtype), "float32"))
+    squared = ((queries[:, None, :] - rounded[None, :, :]) ** 2).sum(-1)
+    np.testing.assert_allclose(
+        to_numpy(distances), np.sort(squared, axis=1)[:, :3], atol=0.5
+    )
+
+
+def test_given_key_norms_are_used_and_checked():
+    rng = np.random.default_rng(4)
+    keys = rng.normal(size=(200, 4)).astype("float32")
+    queries = rng.normal(size=(3, 4)).astype("float32")
+    norms = (keys**2).sum(-1)
+    given = nearest_neighbors(queries, keys, k=5, key_norms=norms)
+    computed = nearest_neighbors(queries, keys, k=5)
+    np.testing.assert_array_equal(to_numpy(given[1]), to_numpy(computed[1]))
+    # Wrong norms move the neighbours: they are what the search uses.
+    shifted = norms.copy()
+    shifted[to_numpy(computed[1])[0, 0]] += 100.0
+    moved = nearest_neighbors(queries, keys, k=5, key_norms=shifted)
+    assert to_numpy(moved[1])[0, 0] != to_numpy(computed[1])[0, 0]
+    with pytest.raises(
+        ValueError,
+        match=r"`key_norms` must have one entry per key \(200\). "
+        r"Received: key_norms.shape=\(199,\)",
+    ):
+        nearest_neighbors(queries, keys, k=5, key_norms=norms[:199])
+
+
 def test_a_query_equal_to_a_key_finds_it_at_distance_zero():
     keys = np.array([[3.0, 4.0], [0.0, 0.0], [1.0, 1.0]], "float32")
     distances, indices = nearest_neighbors(keys[:1] * 1.0, keys, k=3)
