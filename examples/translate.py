@@ -220,6 +220,13 @@ def parse_args(argv=None):
         "minutes on the default data); the model alone keeps --length-penalty",
     )
     parser.add_argument(
+        "--knn-phrases",
+        action="store_true",
+        help="put the Ding phrase pairs of the training split in the kNN-MT "
+        "datastore too (469,827 more entries: on the default model, validation "
+        "BLEU 7.95 against 7.55, and each kNN-MT decoding about 3 times as long)",
+    )
+    parser.add_argument(
         "--knn-key-dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
@@ -271,11 +278,15 @@ def parse_args(argv=None):
             )
     elif args.size is None:
         args.size = "base"
-    if args.phrases and args.data:
-        parser.error(
-            "--phrases adds the Ding phrase pairs and needs the default data. "
-            f"Received: --data {args.data}"
-        )
+    for flag, given in (
+        ("--phrases", args.phrases),
+        ("--knn-phrases", args.knn_phrases),
+    ):
+        if given and args.data:
+            parser.error(
+                f"{flag} adds the Ding phrase pairs and needs the default data. "
+                f"Received: --data {args.data}"
+            )
     if args.length_penalty < 0:
         parser.error(
             f"--length-penalty must be 0 or more. Received: {args.length_penalty}"
@@ -340,7 +351,14 @@ def load_data(args):
 
 
 def with_training_phrases(splits, alternatives):
-    """`splits` with the phrase pairs of the training split added to `train`.
+    """`splits` with the phrase pairs of the training split added to `train`."""
+    phrases = training_phrases(splits, alternatives)
+    print(f"Training on {len(phrases):,} phrase pairs as well.")
+    return dataclasses.replace(splits, train=splits.train + phrases)
+
+
+def training_phrases(splits, alternatives):
+    """The Ding phrase pairs of the training split that `splits.train` lacks.
 
     The phrases are split by the same rule (the hash of their English side),
     so none of them comes from the validation or test buckets; validation
@@ -350,9 +368,7 @@ def with_training_phrases(splits, alternatives):
         "de-en", alternatives=alternatives, include_phrases=True, verbose=False
     )
     seen = {source for source, _ in splits.train}
-    phrases = tuple(pair for pair in everything.train if pair[0] not in seen)
-    print(f"Training on {len(phrases):,} phrase pairs as well.")
-    return dataclasses.replace(splits, train=splits.train + phrases)
+    return tuple(pair for pair in everything.train if pair[0] not in seen)
 
 
 def build_model(args, vocabulary_size, checkpoint=None):
@@ -490,10 +506,15 @@ def main(argv=None) -> dict:
             handle.write("\t".join(row) + "\n")
     knn = None
     if adapter.kind == "transformer" and not args.no_knn:
+        datastore_pairs = splits.train
+        if args.knn_phrases and not args.phrases:  # else in splits.train already
+            phrases = training_phrases(splits, args.alternatives)
+            print(f"kNN-MT datastore: {len(phrases):,} phrase pairs as well.")
+            datastore_pairs += phrases
         knn = knn_evaluation(
             model,
             tokenizers,
-            dataset(splits.train, training=False),
+            dataset(datastore_pairs, training=False),
             dataset(splits.validation, training=False),
             splits,
             args,

@@ -1,6 +1,7 @@
 """The example scripts' extra-data options, offline on fixtures."""
 
 import importlib.util
+import json
 
 import pytest
 
@@ -255,3 +256,44 @@ def test_sentiment_refuses_mismatched_encoder_options(argv, message, capsys):
     with pytest.raises(SystemExit):
         load_script("sentiment").parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_knn_phrases_put_the_phrase_pairs_in_the_datastore(
+    ding_fixture, tmp_path, capsys
+):
+    """--knn-phrases: one datastore entry per target token of the training
+    sentences and of the training split's phrase pairs."""
+    from keras_attn.text import SubwordTokenizer
+
+    script = load_script("translate")
+    out = tmp_path / "run"
+    script.main(
+        [
+            *("--smoke", "--pretrained", "none", "--knn-phrases", "--no-export"),
+            *("--knn-k", "1", "--knn-temperature", "10", "--knn-lambda", "0.1"),
+            *("--knn-length-penalty", "1", "--out", str(out), "--verbose", "2"),
+        ]
+    )
+    run = json.loads((out / "metrics.json").read_text())
+    sentences = load_translation_pairs("de-en", alternatives="keep", verbose=False)
+    phrases = script.training_phrases(sentences, "keep")
+    assert (
+        phrases and f"{len(phrases):,} phrase pairs as well" in capsys.readouterr().out
+    )
+    german = SubwordTokenizer(out / "vocab" / "en_de.model")
+    max_length = run["config"]["max_length"]
+    expected = sum(
+        min(len(german.tokenize(target).numpy()) + 1, max_length)
+        for _, target in sentences.train + phrases
+    )
+    assert run["metrics"]["knn"]["datastore_entries"] == expected
+
+
+def test_knn_phrases_need_the_default_data(capsys):
+    script = load_script("translate")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--knn-phrases", "--data", "pairs.tsv"])
+    assert (
+        "--knn-phrases adds the Ding phrase pairs and needs the default data. "
+        "Received: --data pairs.tsv"
+    ) in capsys.readouterr().err

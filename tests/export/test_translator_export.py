@@ -134,9 +134,11 @@ def test_bad_input_and_shapes_on_the_export(exported):
     )
 
 
-def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path):
-    """The datastore travels as variables, and the served translations are
-    those of the in-process kNN-MT beam search, not the model's alone."""
+@pytest.mark.parametrize("key_dtype", ["float32", "bfloat16"])
+def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path, key_dtype):
+    """The datastore travels as variables (the keys in `key_dtype`), and the
+    served translations are those of the in-process kNN-MT beam search, not
+    the model's alone."""
     vocabulary = small_tokenizer.vocabulary_size
     model = small_transformer(vocabulary)
     rng = np.random.default_rng(0)
@@ -145,7 +147,9 @@ def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path):
         rng.integers(4, vocabulary, size=50),
         vocabulary,
     )
-    knn = NearestNeighborDecoding(store, k=8, temperature=5.0, lam=0.9)
+    knn = NearestNeighborDecoding(
+        store, k=8, temperature=5.0, lam=0.9, key_dtype=key_dtype
+    )
     path = export_translator(
         model,
         small_tokenizer,
@@ -160,6 +164,10 @@ def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path):
     metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
     assert metadata["nearest_neighbors"]["k"] == 8
     assert metadata["nearest_neighbors"]["datastore_entries"] == 50
+    assert metadata["nearest_neighbors"]["key_dtype"] == key_dtype
+    loaded = tf.saved_model.load(str(path))
+    (keys,) = [var for var in loaded.variables if "datastore_keys" in var.name]
+    assert keys.dtype == key_dtype and keys.shape == (50, 16)
     texts = ["Where is the station?", "I am very tired today."]
     served = tf.saved_model.load(str(path)).signatures["serving_default"](
         text=tf.constant(texts)
