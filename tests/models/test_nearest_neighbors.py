@@ -94,10 +94,9 @@ def test_the_datastore_survives_a_save_and_load(tmp_path):
     assert restored.vocabulary_size == 5
 
 
-def test_a_decoding_step_mixes_the_model_with_its_neighbours():
-    model = small_translator()
-    store = translation_datastore(model, batches()[:1])
-    knn = NearestNeighborDecoding(store, k=4, temperature=2.0, lam=0.4)
+def first_step(model, knn, reference_store):
+    """The mixed first decoding step's probabilities `(2, vocab)`, and the
+    brute-force mixture of the model with `reference_store`'s neighbours."""
     plain = translator_adapter(model)
     mixed = translator_adapter(model, nearest_neighbors=knn)
     start = np.full((2, 1), START_ID, "int32")
@@ -109,14 +108,22 @@ def test_a_decoding_step_mixes_the_model_with_its_neighbours():
     logits = to_numpy(logits)[:, -1].astype("float64")
     model_probs = np.exp(logits - logits.max(-1, keepdims=True))
     model_probs /= model_probs.sum(-1, keepdims=True)
-    for row in range(2):
-        query = np.asarray(to_numpy(states), "float32")[row, 0]
-        expected = 0.6 * model_probs[row] + 0.4 * brute_force_knn(
-            query, store, 4, 2.0, 30
-        )
-        np.testing.assert_allclose(
-            np.exp(to_numpy(log_probs)[row, -1]), expected, rtol=1e-4, atol=1e-6
-        )
+    queries = np.asarray(to_numpy(states), "float32")[:, 0]
+    expected = [
+        (1 - knn.lam) * model_probs[row]
+        + knn.lam
+        * brute_force_knn(queries[row], reference_store, knn.k, knn.temperature, 30)
+        for row in range(2)
+    ]
+    return np.exp(to_numpy(log_probs)[:, -1]), np.array(expected)
+
+
+def test_a_decoding_step_mixes_the_model_with_its_neighbours():
+    model = small_translator()
+    store = translation_datastore(model, batches()[:1])
+    knn = NearestNeighborDecoding(store, k=4, temperature=2.0, lam=0.4)
+    got, expected = first_step(model, knn, store)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("key_dtype", ["bfloat16", "float16"])
@@ -139,25 +146,8 @@ def test_keys_held_in_half_precision_decode_as_their_rounded_values(key_dtype):
         to_numpy(layer.datastore_key_norms.value), (rounded**2).sum(-1), rtol=1e-6
     )
     rounded_store = TranslationDatastore(rounded, store.values, 30)
-    plain = translator_adapter(model)
-    mixed = translator_adapter(model, nearest_neighbors=knn)
-    start = np.full((2, 1), START_ID, "int32")
-    logits, _ = plain.next_fn(start, plain.encode(SOURCE, 6), 0)
-    log_probs, _ = mixed.next_fn(start, mixed.encode(SOURCE, 6), 0)
-    states, _ = transformer_translator_states(model)(
-        {"encoder_inputs": SOURCE, "decoder_inputs": start}
-    )
-    logits = to_numpy(logits)[:, -1].astype("float64")
-    model_probs = np.exp(logits - logits.max(-1, keepdims=True))
-    model_probs /= model_probs.sum(-1, keepdims=True)
-    for row in range(2):
-        query = np.asarray(to_numpy(states), "float32")[row, 0]
-        expected = 0.6 * model_probs[row] + 0.4 * brute_force_knn(
-            query, rounded_store, 4, 2.0, 30
-        )
-        np.testing.assert_allclose(
-            np.exp(to_numpy(log_probs)[row, -1]), expected, atol=0.02
-        )
+    got, expected = first_step(model, knn, rounded_store)
+    np.testing.assert_allclose(got, expected, atol=0.02)
 
 
 def test_beam_search_with_a_zero_weight_is_the_models_own():
