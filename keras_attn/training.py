@@ -196,6 +196,11 @@ class TimeBudget(keras.callbacks.Callback):
     longest validation pass stands in for it until a whole close has been
     timed. The longest, not the last: the machine's speed varies between
     epochs.
+
+    The spent time belongs to the interrupted run that the backup resumes:
+    `standard_callbacks` calls `forget()` when no backup is left (a new run,
+    or a rerun after a run that finished), so a rerun with the same `--out`
+    gets the whole budget again.
     """
 
     def __init__(
@@ -225,6 +230,12 @@ class TimeBudget(keras.callbacks.Callback):
     def reserve(self) -> float:
         """Seconds kept for the close of the epoch under way."""
         return max(self.validation_seconds, self.closing_seconds)
+
+    def forget(self) -> None:
+        """Drop the time of an earlier run: this run starts with none spent."""
+        self.spent_before = 0.0
+        if self.state_path:
+            self.state_path.unlink(missing_ok=True)
 
     def start(self) -> None:
         """Start the clock (once; later calls keep the first start)."""
@@ -397,10 +408,15 @@ def standard_callbacks(
     training use the average, the backup for resuming the weights
     themselves. `stoppers`: callbacks that may stop training at an epoch's
     end (`EarlyStopping`), placed where the average still sees that stop.
+
+    Without a backup to resume (a new run, or a rerun of one that finished:
+    `BackupAndRestore` deletes its backup at the end of training) the
+    budget forgets the time an earlier run recorded in `out_dir`.
     """
-    backup = keras.callbacks.BackupAndRestore(
-        str(out_dir / "backup"), save_freq="epoch"
-    )
+    backup_dir = out_dir / "backup"
+    if not backup_dir.exists():
+        budget.forget()
+    backup = keras.callbacks.BackupAndRestore(str(backup_dir), save_freq="epoch")
     return [
         backup,  # before the swap: the backup holds the weights, not the average
         *stoppers,

@@ -248,3 +248,61 @@ def test_lr_hold_out_of_range_is_an_error(capsys):
     with pytest.raises(SystemExit):
         parse_run_args(parser, ["--lr-hold", "1.5"])
     assert "--lr-hold must be in [0, 1)" in capsys.readouterr().err
+
+
+def fit_tiny_model(out, epochs, callbacks=()):
+    """`fit_within_budget` on a tiny regression; `callbacks` run first."""
+    import types
+
+    import tensorflow as tf
+
+    from keras_attn import training
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    fit, extra_callbacks = model.fit, list(callbacks)
+    model.fit = lambda data, callbacks, **kwargs: fit(
+        data, callbacks=[*extra_callbacks, *callbacks], **kwargs
+    )
+    x, y = np.ones((8, 2), "float32"), np.zeros((8, 1), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    args = types.SimpleNamespace(
+        time_budget=10.0, ema_momentum=0.0, epochs=epochs, verbose=0
+    )
+    return training.fit_within_budget(model, data, data, args, out)
+
+
+def recorded_seconds(out):
+    import json
+
+    return json.loads((out / "budget.json").read_text())["seconds"]
+
+
+@pytest.mark.tf_only
+def test_a_rerun_of_a_finished_run_gets_the_whole_budget_again(tmp_path):
+    fit_tiny_model(tmp_path, epochs=2)
+    assert not (tmp_path / "backup").exists()  # the run finished
+    assert recorded_seconds(tmp_path) > 0
+    # The same --out again: the finished run's time is not this run's.
+    _, steps, budget = fit_tiny_model(tmp_path, epochs=2)
+    assert budget.spent_before == 0.0
+    assert steps == 4  # a fresh run: two epochs of two batches
+    assert recorded_seconds(tmp_path) == pytest.approx(budget.seconds, abs=1.0)
+
+
+@pytest.mark.tf_only
+def test_a_resumed_run_counts_the_time_the_interrupted_run_spent(tmp_path):
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                raise KeyboardInterrupt  # after epoch 0's backup and budget
+
+    with pytest.raises(KeyboardInterrupt):
+        fit_tiny_model(tmp_path, epochs=2, callbacks=[Interrupt()])
+    assert (tmp_path / "backup").exists()
+    spent = recorded_seconds(tmp_path)
+    assert spent > 0
+    _, steps, budget = fit_tiny_model(tmp_path, epochs=2)
+    assert budget.spent_before == spent
+    assert steps == 4  # epoch 0 restored from the backup, epoch 1 trained
+    assert not (tmp_path / "backup").exists()
