@@ -4,10 +4,9 @@ The search of one beam-search step of the default translator's kNN-MT
 decoding (`examples/translate.py`): 256 queries (64 sentences x 4 beams) of
 dimension 384 against the 198,387 keys of the Ding training pairs' datastore,
 k = 128, in chunks of 65,536 keys. Ours (`keras_attn.ops.nearest_neighbors`
-with the keys' squared norms kept, as `NearestNeighborDecoding` does: each
-chunk's k nearest found among its k best groups of 64 keys) against the
-plain exact search it replaced: the same matrix product per chunk, the
-norms computed at every call and `top_k` over the whole chunk. Both must
+with the keys' squared norms kept, as `NearestNeighborDecoding` does)
+against the plain exact search that computes the norms at every call: the
+same matrix product and `top_k` per chunk. Both must
 return the same neighbours. Ours with the keys held in bfloat16 too
 (`NearestNeighborDecoding(key_dtype="bfloat16")`, the script's choice for a
 mixed_bfloat16 model): products in bfloat16, half the memory; the share of

@@ -30,11 +30,8 @@ def nearest_neighbors(
 ):
     """The `k` keys nearest to each query, by squared Euclidean distance.
 
-    Exact. Each chunk of keys is scored with one matrix product; its `k`
-    nearest are then found among the `k` groups of `GROUP_SIZE` consecutive
-    keys whose nearest members are nearest (every one of the chunk's `k`
-    nearest keys lies in such a group), which spares a `top_k` over the
-    whole chunk.
+    Exact. Each chunk of keys is scored with one matrix product and a
+    `top_k`; the chunks' nearest are merged as the search goes.
 
     Args:
         queries: `(Q, d)` float.
@@ -90,8 +87,8 @@ def nearest_neighbors(
             query_norms - 2.0 * ops.cast(products, "float32") + chunk_norms[None, :]
         )  # (Q, C)
         chunk_k = min(k, chunk.shape[0])
-        negative, indices = _top_k_in_groups(-distances, chunk_k)
-        indices = indices + start
+        negative, indices = ops.top_k(-distances, k=chunk_k, sorted=True)
+        indices = ops.cast(indices, "int32") + start
         if best_distances is None:
             best_distances, best_indices = -negative, indices
             continue
@@ -105,38 +102,10 @@ def nearest_neighbors(
     return ops.maximum(best_distances, 0.0), best_indices
 
 
-GROUP_SIZE = 64
-
-
 def _product_dtype(dtype) -> str:
     """The dtype of the query-key products for keys of `dtype`."""
     name = str(getattr(dtype, "name", dtype))
     return name if name in ("bfloat16", "float16") else "float32"
-
-
-def _top_k_in_groups(scores, k):
-    """`ops.top_k(scores, k, sorted=True)` of `(Q, C)` scores, with int32
-    indices, found among the `k` groups of `GROUP_SIZE` columns with the
-    highest maxima: only they can hold a row's `k` highest scores (a group
-    holding one of them has a maximum at least the `k`-th highest, and at most
-    `k` groups do), so the result is exact."""
-    columns = scores.shape[1]
-    groups = -(-columns // GROUP_SIZE)
-    if groups <= k:  # nothing to spare
-        values, indices = ops.top_k(scores, k=k, sorted=True)
-        return values, ops.cast(indices, "int32")
-    padding = groups * GROUP_SIZE - columns
-    if padding:
-        scores = ops.pad(scores, [[0, 0], [0, padding]], constant_values=-math.inf)
-    grouped = ops.reshape(scores, (-1, groups, GROUP_SIZE))  # (Q, G, S)
-    _, best_groups = ops.top_k(ops.max(grouped, axis=-1), k=k, sorted=False)
-    candidates = ops.take_along_axis(grouped, best_groups[:, :, None], axis=1)
-    values, flat = ops.top_k(
-        ops.reshape(candidates, (-1, k * GROUP_SIZE)), k=k, sorted=True
-    )  # (Q, k) among the k groups' k * S columns
-    group = ops.take_along_axis(best_groups, flat // GROUP_SIZE, axis=1)
-    indices = group * GROUP_SIZE + flat % GROUP_SIZE
-    return values, ops.cast(indices, "int32")
 
 
 def knn_weights(distances, temperature: float):

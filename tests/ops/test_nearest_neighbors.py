@@ -40,15 +40,14 @@ def test_nearest_neighbors_match_a_brute_force_search(key_chunk_size):
 @pytest.mark.parametrize(
     "num_keys, k, key_chunk_size",
     [
-        (3000, 5, 65536),  # 47 groups of 64 (the last one short), 5 of them kept
-        (3000, 5, 1000),  # the same in chunks of 16 groups each
-        (4096, 64, 65536),  # exactly 64 groups: a plain top_k
-        (5000, 7, 64),  # one group per chunk
+        (3000, 5, 65536),  # one chunk
+        (3000, 5, 1000),  # three chunks merged
+        (3000, 64, 1000),  # k of a chunk's 1000 keys, merged
+        (5000, 7, 64),  # many small chunks, the last one short
     ],
 )
-def test_the_search_in_groups_is_exact(num_keys, k, key_chunk_size):
-    """Chunks of more than k groups of GROUP_SIZE keys search only their k
-    most promising groups; the result is still the brute-force one."""
+def test_the_chunked_search_is_exact_on_larger_stores(num_keys, k, key_chunk_size):
+    """Chunk by chunk, the result is still the brute-force one."""
     rng = np.random.default_rng(3)
     keys = rng.normal(size=(num_keys, 8)).astype("float32")
     # Neighbours clustered in a few groups, and spread across groups.
