@@ -251,7 +251,7 @@ def cache_search(validation, test, args, verbose=2):
         log_probs = ops.continuous_cache_mixture(
             scores["log_probs"], *probabilities, lam
         )
-        return -float(np.sum(log_probs, dtype="float64"))
+        return -float(np.sum(keras.ops.convert_to_numpy(log_probs), dtype="float64"))
 
     trials = []
     progress = training.progress_bar(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import keras
@@ -19,7 +18,11 @@ from keras_attn.models.transformer import (
     transformer_language_model_decoding,
     transformer_language_model_states,
 )
-from keras_attn.ops.continuous_cache import ContinuousCache
+from keras_attn.ops.continuous_cache import (
+    ContinuousCache,
+    continuous_cache_mixture,
+    continuous_cache_probabilities,
+)
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import END_ID, PAD_ID, START_ID
 
@@ -138,14 +141,14 @@ def language_model_serving_fns(
 
 def _continuous_cache_log_probs(states, targets, model_log_probs, valid, cache):
     """`keras_attn.ops.continuous_cache_log_probs` over a batch of texts, in
-    the graph: `(B, T)` log-probabilities of `targets` under the mixture of
-    the model and a cache of each text's own earlier positions (one text, one
-    document). Queries go `QUERY_CHUNK` positions at a time against every
-    earlier position they may see, so the scores take `B * QUERY_CHUNK * T`
-    floats at once."""
+    the graph (its `continuous_cache_probabilities` and
+    `continuous_cache_mixture` on each chunk of queries): `(B, T)`
+    log-probabilities of `targets` under the mixture of the model and a cache
+    of each text's own earlier positions (one text, one document). Queries go
+    `QUERY_CHUNK` positions at a time against every earlier position they may
+    see, so the scores take `B * QUERY_CHUNK * T` floats at once."""
     length = tf.shape(targets)[1]
     chunks = (length + QUERY_CHUNK - 1) // QUERY_CHUNK
-    log_lam = math.log(cache.lam) if cache.lam > 0 else -math.inf
 
     def body(chunk, mixed):
         start = chunk * QUERY_CHUNK
@@ -157,27 +160,17 @@ def _continuous_cache_log_probs(states, targets, model_log_probs, valid, cache):
         if cache.window is not None:
             visible &= memories >= queries - cache.window
         visible = visible[None] & valid[:, None, first:stop]  # (B, Q, K)
-        scores = cache.theta * tf.matmul(
-            states[:, start:stop], states[:, first:stop], transpose_b=True
+        cache_probabilities, has_memory = continuous_cache_probabilities(
+            states[:, start:stop],
+            states[:, first:stop],
+            targets[:, first:stop],
+            targets[:, start:stop],
+            visible,
+            cache.theta,
+        )  # (B, Q) each
+        mixture = continuous_cache_mixture(
+            model_log_probs[:, start:stop], cache_probabilities, has_memory, cache.lam
         )
-        scores = tf.where(visible, scores, -math.inf)
-        has_memory = tf.reduce_any(visible, axis=2)  # (B, Q)
-        weights = tf.where(
-            has_memory[..., None], tf.nn.softmax(scores, axis=2), 0.0
-        )  # a query with no memory: none (softmax of all -inf is NaN)
-        same_token = tf.equal(
-            targets[:, start:stop, None], targets[:, None, first:stop]
-        )  # (B, Q, K): the memory's next token is the query's target
-        cache_probabilities = tf.reduce_sum(tf.where(same_token, weights, 0.0), axis=2)
-        model_part = model_log_probs[:, start:stop] + tf.where(
-            has_memory, math.log1p(-cache.lam), 0.0
-        )
-        cache_part = tf.where(
-            has_memory & (cache_probabilities > 0),
-            log_lam + tf.math.log(tf.maximum(cache_probabilities, 1e-38)),
-            -math.inf,
-        )
-        mixture = tf.reduce_logsumexp(tf.stack([model_part, cache_part]), axis=0)
         return chunk + 1, mixed.write(chunk, tf.transpose(mixture))
 
     _, mixed = tf.while_loop(

@@ -39,29 +39,36 @@ def continuous_cache_probabilities(
 ):
     """The cache's probability of each query's target token.
 
+    Backend tensors, eager or in a graph; leading batch dimensions `...` are
+    optional (a TF Serving export scores a batch of texts at once).
+
     Args:
-        query_states: `(Q, d)` hidden states, each predicting `target_ids[q]`.
-        memory_states: `(K, d)` earlier hidden states.
-        memory_next_ids: `(K,)` int, the token that followed each memory state.
-        target_ids: `(Q,)` int, the token each query predicts.
-        memory_mask: `(Q, K)` bool, True where query `q` may use memory `k`
-            (its past, in its own text, inside the window).
+        query_states: `(..., Q, d)` hidden states, each predicting
+            `target_ids[..., q]`.
+        memory_states: `(..., K, d)` earlier hidden states.
+        memory_next_ids: `(..., K)` int, the token that followed each memory
+            state.
+        target_ids: `(..., Q)` int, the token each query predicts.
+        memory_mask: `(..., Q, K)` bool, True where query `q` may use memory
+            `k` (its past, in its own text, inside the window).
         theta: the flatness of the cache's softmax (a float > 0).
 
     Returns:
-        `(probabilities, has_memory)`: `(Q,)` float32 `p_cache(target_q)`, and
-        `(Q,)` bool, whether query `q` had any memory (where it had none its
-        probability is 0 and the mixture must use the model alone).
+        `(probabilities, has_memory)`: `(..., Q)` float32 `p_cache(target_q)`,
+        and `(..., Q)` bool, whether query `q` had any memory (where it had
+        none its probability is 0 and the mixture uses the model alone).
     """
     query_states = ops.cast(query_states, "float32")
     memory_states = ops.cast(memory_states, "float32")
-    scores = theta * ops.matmul(query_states, ops.transpose(memory_states))  # (Q, K)
-    weights = masked_softmax(scores, memory_mask)  # (Q, K); a row with no memory: 0
+    scores = theta * ops.matmul(
+        query_states, ops.swapaxes(memory_states, -1, -2)
+    )  # (..., Q, K)
+    weights = masked_softmax(scores, memory_mask)  # a row with no memory: 0
     same_token = ops.equal(
-        ops.expand_dims(target_ids, 1), ops.expand_dims(memory_next_ids, 0)
-    )  # (Q, K)
-    probabilities = ops.sum(weights * ops.cast(same_token, "float32"), axis=1)
-    has_memory = ops.any(memory_mask, axis=1)
+        ops.expand_dims(target_ids, -1), ops.expand_dims(memory_next_ids, -2)
+    )  # (..., Q, K): the memory's next token is the query's target
+    probabilities = ops.sum(weights * ops.cast(same_token, "float32"), axis=-1)
+    has_memory = ops.any(memory_mask, axis=-1)
     return probabilities, has_memory
 
 
@@ -154,28 +161,34 @@ def continuous_cache_stream_probabilities(
 def continuous_cache_mixture(model_log_probs, cache_probabilities, has_memory, lam):
     """`log((1 - lam) p_model + lam p_cache)`, the model alone where no memory.
 
+    Backend tensors or arrays of any (matching) shape, eager or in a graph.
+
     Args:
-        model_log_probs: `(T,)` float, the model's log-probability of each
+        model_log_probs: `(...)` float, the model's log-probability of each
             target.
-        cache_probabilities, has_memory: from
-            `continuous_cache_stream_probabilities`.
+        cache_probabilities, has_memory: from `continuous_cache_probabilities`
+            or `continuous_cache_stream_probabilities`.
         lam: the cache's weight, in [0, 1).
 
     Returns:
-        `(T,)` float32 numpy array of log-probabilities (computed in log
-        space: a target the model gives a vanishing probability and the
-        cache none stays finite).
+        `(...)` float32 tensor of log-probabilities (computed in log space: a
+        target the model gives a vanishing probability and the cache none
+        stays finite).
     """
     v.check_rate("lam", lam)
-    model_log_probs = np.asarray(model_log_probs, dtype="float32")
-    has_memory = np.asarray(has_memory, dtype=bool)
-    log_lam = math.log(lam) if lam > 0 else -math.inf
-    model_part = model_log_probs + np.where(has_memory, math.log1p(-lam), 0.0)
-    with np.errstate(divide="ignore"):
-        cache_part = np.where(
-            has_memory, log_lam + np.log(np.asarray(cache_probabilities)), -np.inf
-        )
-    return np.logaddexp(model_part, cache_part).astype("float32")
+    model_log_probs = ops.cast(model_log_probs, "float32")
+    has_memory = ops.cast(has_memory, "bool")
+    model_part = model_log_probs + ops.cast(
+        ops.where(has_memory, math.log1p(-lam), 0.0), "float32"
+    )
+    if lam == 0:
+        return model_part
+    cache_part = ops.where(
+        has_memory,
+        math.log(lam) + ops.log(ops.cast(cache_probabilities, "float32")),
+        -math.inf,
+    )  # log(0) = -inf: the model alone
+    return ops.logaddexp(model_part, cache_part)
 
 
 def continuous_cache_log_probs(
@@ -208,8 +221,8 @@ def continuous_cache_log_probs(
         window=window,
         chunk_size=chunk_size,
     )
-    return continuous_cache_mixture(
-        model_log_probs, cache_probabilities, has_memory, lam
+    return ops.convert_to_numpy(
+        continuous_cache_mixture(model_log_probs, cache_probabilities, has_memory, lam)
     )
 
 

@@ -58,8 +58,10 @@ def test_hand_checked_stream():
     )
     # The mixture at lambda 0.5 with model probabilities 0.1, 0.2, 0.3: the
     # model alone at position 0, halves elsewhere.
-    log_probs = continuous_cache_mixture(
-        np.log([0.1, 0.2, 0.3]), probabilities, has_memory, 0.5
+    log_probs = to_numpy(
+        continuous_cache_mixture(
+            np.log([0.1, 0.2, 0.3]), probabilities, has_memory, 0.5
+        )
     )
     np.testing.assert_allclose(
         np.exp(log_probs),
@@ -118,15 +120,58 @@ def test_chunk_op_masks_and_normalises():
     np.testing.assert_array_equal(to_numpy(has_memory), [True, False])
 
 
+def test_chunk_op_and_mixture_take_a_batch_of_texts():
+    """With a leading batch axis, each text is scored as on its own."""
+    rng = np.random.default_rng(4)
+    batch, queries, memories = 3, 4, 6
+    query = rng.normal(size=(batch, queries, 5)).astype("float32")
+    memory = rng.normal(size=(batch, memories, 5)).astype("float32")
+    next_ids = rng.integers(0, 3, size=(batch, memories))
+    targets = rng.integers(0, 3, size=(batch, queries))
+    mask = rng.random((batch, queries, memories)) < 0.6
+    mask[1, 2] = False  # a query with no memory
+    model_log_probs = np.log(rng.uniform(0.05, 0.9, size=(batch, queries)))
+    probabilities, has_memory = continuous_cache_probabilities(
+        query, memory, next_ids, targets, mask, theta=0.5
+    )
+    mixed = continuous_cache_mixture(model_log_probs, probabilities, has_memory, 0.3)
+    assert tuple(probabilities.shape) == tuple(mixed.shape) == (batch, queries)
+    for text in range(batch):
+        one_probabilities, one_memory = continuous_cache_probabilities(
+            query[text], memory[text], next_ids[text], targets[text], mask[text], 0.5
+        )
+        np.testing.assert_allclose(
+            to_numpy(probabilities)[text], to_numpy(one_probabilities), atol=1e-6
+        )
+        np.testing.assert_array_equal(to_numpy(has_memory)[text], to_numpy(one_memory))
+        np.testing.assert_allclose(
+            to_numpy(mixed)[text],
+            to_numpy(
+                continuous_cache_mixture(
+                    model_log_probs[text], one_probabilities, one_memory, 0.3
+                )
+            ),
+            rtol=1e-6,
+        )
+    assert not to_numpy(has_memory)[1, 2]
+    np.testing.assert_allclose(  # no memory: the model alone
+        to_numpy(mixed)[1, 2], model_log_probs[1, 2], rtol=1e-6
+    )
+
+
 def test_mixture_lambda_zero_is_the_model_and_log_space_stays_finite():
     model_log_probs = np.array([-0.5, -200.0, -300.0], "float32")
     probabilities = np.array([0.4, 0.0, 0.25], "float32")
     has_memory = np.array([True, True, True])
     np.testing.assert_allclose(
-        continuous_cache_mixture(model_log_probs, probabilities, has_memory, 0.0),
+        to_numpy(
+            continuous_cache_mixture(model_log_probs, probabilities, has_memory, 0.0)
+        ),
         model_log_probs,
     )
-    mixed = continuous_cache_mixture(model_log_probs, probabilities, has_memory, 0.2)
+    mixed = to_numpy(
+        continuous_cache_mixture(model_log_probs, probabilities, has_memory, 0.2)
+    )
     # exp(-200) underflows float32, the log-space sum does not.
     np.testing.assert_allclose(mixed[1], -200.0 + math.log(0.8), rtol=1e-6)
     np.testing.assert_allclose(mixed[2], math.log(0.2 * 0.25), rtol=1e-6)
@@ -240,8 +285,10 @@ def test_cache_and_mixture_are_distributions_over_the_vocabulary():
         np.testing.assert_allclose(
             probabilities.sum(), 1.0 if query else 0.0, atol=1e-6
         )
-        mixed = continuous_cache_mixture(
-            np.log(model_probs), probabilities, to_numpy(has_memory), 0.35
+        mixed = to_numpy(
+            continuous_cache_mixture(
+                np.log(model_probs), probabilities, to_numpy(has_memory), 0.35
+            )
         )
         np.testing.assert_allclose(np.exp(mixed).sum(), 1.0, atol=1e-5)
 
