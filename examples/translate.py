@@ -223,8 +223,9 @@ def parse_args(argv=None):
         "--knn-phrases",
         action="store_true",
         help="put the Ding phrase pairs of the training split in the kNN-MT "
-        "datastore too (469,827 more entries: on the default model, validation "
-        "BLEU 7.95 against 7.55, and each kNN-MT decoding about 3 times as long)",
+        "datastore too (469,827 more entries; on the default model, validation "
+        "BLEU 7.95 against 7.55 but test BLEU 7.87 against 7.76, and each kNN-MT "
+        "decoding about 3 times as long)",
     )
     parser.add_argument(
         "--knn-key-dtype",
