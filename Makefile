@@ -7,7 +7,7 @@ PYTEST_FLAGS ?= -q
 # Layer and op tests run a second time on the JAX backend.
 JAX_TESTS := tests/ops tests/layers tests/generation
 
-.PHONY: help install lint test test-tf test-jax test-large bench bench-serving demo format clean
+.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding demo format clean
 
 help:
 	@echo "make demo        train, export and serve a small model (see README)"
@@ -55,6 +55,11 @@ bench: $(STAMP)
 
 bench-serving: $(STAMP)
 	$(PY) benchmarks/serving_bench.py
+
+# decoding_bench.py needs a trained translator run (RUN=runs/transformer)
+RUN ?= runs/transformer
+bench-decoding: $(STAMP)
+	$(PY) benchmarks/decoding_bench.py --run $(RUN)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
