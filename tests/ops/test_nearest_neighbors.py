@@ -50,7 +50,7 @@ def test_the_chunked_search_is_exact_on_larger_stores(num_keys, k, key_chunk_siz
     """Chunk by chunk, the result is still the brute-force one."""
     rng = np.random.default_rng(3)
     keys = rng.normal(size=(num_keys, 8)).astype("float32")
-    # Neighbours clustered in a few groups, and spread across groups.
+    # Neighbours clustered in one chunk, and spread across chunks.
     queries = np.concatenate(
         [keys[[10, 11, 2900]] + 0.01, rng.normal(size=(5, 8)).astype("float32")]
     )
