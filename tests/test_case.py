@@ -8,6 +8,7 @@ private `keras.src`): `run_layer_test`, `run_serialization_test`,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +22,21 @@ from absl.testing import parameterized
 from keras import ops
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_example(name: str):
+    """`examples/<name>.py` as a module. `examples/_cli.py` is registered as
+    `_cli` first, as the scripts import it (they run with `examples/` on
+    the path)."""
+    if name != "_cli" and "_cli" not in sys.modules:
+        sys.modules["_cli"] = load_example("_cli")
+    path = os.path.join(REPO_ROOT, "examples", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        name if name == "_cli" else f"{name}_example", path
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def to_numpy(x):
