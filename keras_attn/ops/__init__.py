@@ -2,25 +2,12 @@
 
 from keras_attn.ops.attention import dot_product_attention, weighted_sum
 from keras_attn.ops.cache import update_cache
-from keras_attn.ops.continuous_cache import (
-    ContinuousCache,
-    continuous_cache_log_probs,
-    continuous_cache_mixture,
-    continuous_cache_probabilities,
-    continuous_cache_stream_probabilities,
-)
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
     causal_mask,
     combine_masks,
     padding_mask,
     padding_mask_from_lengths,
-)
-from keras_attn.ops.nearest_neighbors import (
-    knn_mixture_log_probs,
-    knn_probabilities,
-    knn_weights,
-    nearest_neighbors,
 )
 from keras_attn.ops.scores import (
     additive_score,
@@ -34,25 +21,16 @@ from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
 
 __all__ = [
     "MASK_VALUE",
-    "ContinuousCache",
     "additive_score",
     "additive_score_from_projections",
     "attention_mask_from_padding",
     "causal_mask",
     "combine_masks",
     "concat_score",
-    "continuous_cache_log_probs",
-    "continuous_cache_mixture",
-    "continuous_cache_probabilities",
-    "continuous_cache_stream_probabilities",
     "dot_product_attention",
     "dot_score",
     "general_score",
-    "knn_mixture_log_probs",
-    "knn_probabilities",
-    "knn_weights",
     "masked_softmax",
-    "nearest_neighbors",
     "padding_mask",
     "padding_mask_from_lengths",
     "scaled_dot_score",
