@@ -27,7 +27,8 @@ def sentiment_serving_fn(
     max_length: int,
     threshold: float = 0.5,
 ):
-    """The `serving_default` function: strings -> probability and label."""
+    """The `serving_default` function: strings -> probability and label
+    (`model`: token ids -> `(B, 1)` probabilities)."""
     # The same tokenizer, giving dense ids of `max_length` tokens.
     config = {**tokenizer.get_config(), "sequence_length": max_length}
     tokenizer = type(tokenizer).from_config(config)
@@ -45,15 +46,18 @@ def sentiment_serving_fn(
 
 
 def export_sentiment(
-    model: keras.Model,
-    tokenizer: SubwordTokenizer | WordPieceTokenizer,
+    classifier,
     base_dir,
     model_name: str = "sentiment",
     version: int | None = None,
     max_length: int = 64,
     threshold: float = 0.5,
 ) -> Path:
-    """Export a `sentiment_classifier` with its tokenizer for TF Serving.
+    """Export a classifier with its tokenizer for TF Serving (what
+    `classifier.export(base_dir)` does).
+
+    `classifier` is a `keras_attn.models.TextClassifier` or
+    `TextClassifierEnsemble` with its `tokenizer`.
 
     Writes `<base_dir>/<model_name>/<version>/` (TF Serving's layout) with one
     signature, `serving_default`: `text` (string `[batch]`) ->
@@ -70,12 +74,19 @@ def export_sentiment(
     Returns:
         The version directory.
     """
+    tokenizer = classifier.tokenizer
+    if tokenizer is None:
+        raise ValueError(
+            "Exporting for TF Serving needs the classifier's `tokenizer`. "
+            f"Received: tokenizer=None on {type(classifier).__name__} "
+            f"{classifier.name!r}"
+        )
     path = next_version_dir(base_dir, model_name, version)
     serve, serving_tokenizer = sentiment_serving_fn(
-        model, tokenizer, max_length, threshold
+        classifier, tokenizer, max_length, threshold
     )
     archive = keras.export.ExportArchive()
-    archive.track(model)
+    archive.track(classifier)
     archive.track(serving_tokenizer)
     signatures = {
         "serving_default": archive.add_endpoint(
