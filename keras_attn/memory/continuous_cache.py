@@ -228,7 +228,10 @@ def continuous_cache_stream_probabilities(
     )  # (chunks, B, C) each
 
     def stream(chunked):  # (chunks, B, C) -> (B, T)
-        flat = ops.reshape(ops.transpose(chunked, (1, 0, 2)), (batch, -1))
+        # An explicit length: -1 would be 0 for an empty batch.
+        flat = ops.reshape(
+            ops.transpose(chunked, (1, 0, 2)), (batch, chunks * chunk_size)
+        )
         return flat[:, :length]
 
     probabilities, has_memory = stream(probabilities), stream(has_memory)

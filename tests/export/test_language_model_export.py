@@ -99,7 +99,7 @@ CACHE = ContinuousCache(theta=0.5, lam=0.3)
 
 @pytest.fixture(scope="module")
 def exported_with_cache(exported, tmp_path_factory):
-    model, tokenizer, _ = exported
+    model, _, _ = exported
     base = tmp_path_factory.mktemp("export_cache")
     windowed = ContinuousCache(theta=0.5, lam=0.3, window=5)
     return {
@@ -214,7 +214,7 @@ def test_the_cache_export_is_servable_and_takes_any_input(exported_with_cache):
 
 
 def test_the_continuous_cache_argument_is_checked(exported, tmp_path):
-    model, tokenizer, _ = exported
+    model, _, _ = exported
     with pytest.raises(
         ValueError,
         match=re.escape(

@@ -136,9 +136,7 @@ class BahdanauDecoderTest(TestCase):
                     projected,
                 )
                 self.assertAllClose(outputs, to_numpy(full)[:, step], atol=1e-5)
-                self.assertAllClose(
-                    weights, to_numpy(full_weights)[:, step], atol=1e-5
-                )
+                self.assertAllClose(weights, to_numpy(full_weights)[:, step], atol=1e-5)
             lstm = isinstance(decoder.cell, keras.layers.LSTMCell)
             self.assertLen(states, 2 if lstm else 1)
 

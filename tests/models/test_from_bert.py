@@ -279,9 +279,7 @@ def test_translator_encoder_equals_numpy_bert(checkpoint_dir):
     )
     sources, _ = translator_batch(checkpoint)
     assert (sources == 0).any()
-    encoder = keras.Model(
-        model.input["encoder_inputs"], model.encoder_blocks[1].output
-    )
+    encoder = keras.Model(model.input["encoder_inputs"], model.encoder_blocks[1].output)
     states = np.asarray(encoder(sources))  # (B, S, d)
     real = sources != 0
     pooled = (states * real[..., None]).sum(1) / real.sum(1, keepdims=True)

@@ -30,7 +30,9 @@ def test_cache_equals_full_pass_and_generates():
     logits, cache = model.call_with_cache(TOKENS[:, :3], cache, 0)  # prefill
     np.testing.assert_allclose(to_numpy(logits), full[:, :3], atol=1e-5)
     for index in range(3, 6):
-        logits, cache = model.call_with_cache(TOKENS[:, index : index + 1], cache, index)
+        logits, cache = model.call_with_cache(
+            TOKENS[:, index : index + 1], cache, index
+        )
         np.testing.assert_allclose(to_numpy(logits)[:, -1], full[:, index], atol=1e-5)
     tokens = to_numpy(model.generate_ids(TOKENS[:, :3], 12, end_token_id=None))
     assert tokens.shape == (2, 12)
@@ -139,5 +141,5 @@ def test_round_trip_and_bad_arguments(tmp_path):
         TransformerLanguageModel(10, num_layers=0)
     with pytest.raises(ValueError, match="needs the model's `tokenizer`"):
         model.generate(["KING:"])
-    with pytest.raises(ValueError, match="Received: continuous_cache=0.3"):
+    with pytest.raises(ValueError, match=r"Received: continuous_cache=0\.3"):
         model.score_ids(TOKENS, continuous_cache=0.3)

@@ -24,7 +24,9 @@ def test_step_by_step_decoding_equals_the_teacher_forced_pass(attention):
     assert full.shape == (2, 5, 20) and full.dtype == np.float32
     cache = model.encode(SOURCE)
     for index in range(TARGET.shape[1]):
-        logits, cache = model.call_with_cache(TARGET[:, index : index + 1], cache, index)
+        logits, cache = model.call_with_cache(
+            TARGET[:, index : index + 1], cache, index
+        )
         # Padded target positions (loss-masked in training) may differ.
         valid = TARGET[:, index] != 0
         np.testing.assert_allclose(

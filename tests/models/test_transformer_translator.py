@@ -40,7 +40,9 @@ def test_cached_steps_equal_the_teacher_forced_pass(kwargs):
     assert full.shape == (2, 5, 30) and full.dtype == np.float32
     cache = model.encode(SOURCE, 8)
     for index in range(TARGET.shape[1]):
-        logits, cache = model.call_with_cache(TARGET[:, index : index + 1], cache, index)
+        logits, cache = model.call_with_cache(
+            TARGET[:, index : index + 1], cache, index
+        )
         valid = TARGET[:, index] != 0
         np.testing.assert_allclose(
             to_numpy(logits)[valid, -1], full[valid, index], atol=1e-5
@@ -117,7 +119,7 @@ def test_bad_arguments():
         TransformerTranslator(10, 12, encoder_layout="gpt")
     with pytest.raises(ValueError, match="Received: num_decoder_layers=0"):
         TransformerTranslator(10, 12, num_decoder_layers=0)
-    with pytest.raises(ValueError, match="Received: source_tokenizer='vocab.txt'"):
+    with pytest.raises(ValueError, match=r"Received: source_tokenizer='vocab\.txt'"):
         TransformerTranslator(10, 12, source_tokenizer="vocab.txt")
     with pytest.raises(ValueError, match="needs the model's `source_tokenizer`"):
         small_translator().translate(["Hello."])

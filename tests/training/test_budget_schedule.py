@@ -316,9 +316,9 @@ def test_max_steps_stops_mid_epoch_and_ends_the_schedule_there(tmp_path):
 
     class Rates(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            rates.append(float(keras.ops.convert_to_numpy(
-                self.model.optimizer.learning_rate
-            )))
+            rates.append(
+                float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            )
 
     result = fit_tiny_model(
         tmp_path,

@@ -22,9 +22,7 @@ STEPS_PER_EPOCH = 4
 
 def run_args(ema_momentum):
     parser = argparse.ArgumentParser()
-    cli.add_run_arguments(
-        parser, out="runs/x", epochs=3, time_budget=0.0, batch_size=8
-    )
+    cli.add_run_arguments(parser, out="runs/x", epochs=3, time_budget=0.0, batch_size=8)
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     return cli.parse_run_args(
@@ -193,9 +191,7 @@ def test_make_optimizer_keeps_an_average_only_when_asked():
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.1"])
 def test_ema_momentum_out_of_range_is_an_error(value, capsys):
     parser = argparse.ArgumentParser()
-    cli.add_run_arguments(
-        parser, out="runs/x", epochs=3, time_budget=1.0, batch_size=8
-    )
+    cli.add_run_arguments(parser, out="runs/x", epochs=3, time_budget=1.0, batch_size=8)
     with pytest.raises(SystemExit):
         cli.parse_run_args(parser, ["--ema-momentum", value])
     assert f"--ema-momentum must be in [0, 1) (0: off). Received: {float(value)}" in (
