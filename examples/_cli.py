@@ -38,6 +38,14 @@ RUN_FILES = (
     "translations.tsv",
     "translations_knn.tsv",
 )
+# The figures of training, which --evaluate-only keeps in metrics.json.
+TRAINING_FIGURES = (
+    "train_seconds",
+    "optimizer_steps",
+    "steps_per_epoch",
+    "stopped_by_time_budget",
+    "final_train_loss",
+)
 RERUN_HELP = (
     "A rerun with the --out of an interrupted run resumes it (the time "
     "already spent counts against --time-budget). A finished run (OUT holds "
@@ -74,7 +82,12 @@ def number_list(kind=float, low=None, high=None, positive=False):
                 or (low is not None and value < low)
                 or (high is not None and not value < high)
             ):
-                bounds = "> 0" if positive else f"in [{low}, {high})"
+                if positive:
+                    bounds = "> 0"
+                elif high is None:
+                    bounds = f">= {low}"
+                else:
+                    bounds = f"in [{low}, {high})"
                 raise argparse.ArgumentTypeError(
                     f"each value must be {bounds}. Received: {text!r}"
                 )
@@ -333,23 +346,41 @@ def start_run(args):
     return out, policy, strategy
 
 
-def fit_options(args, steps_per_epoch: int, **schedule) -> dict:
+def fit_options(args, steps_per_epoch: int, decay_alpha=None, **overrides) -> dict:
     """The keyword arguments of `training.fit_within_budget` for these
     options: `--epochs` (or the epochs `--steps` needs), `--time-budget`,
-    `--steps`, `--ema-momentum`, `--verbose`; `schedule` (`learning_rate`,
-    `warmup_steps`, `decay_alpha`, `lr_hold`) adds the learning-rate
-    schedule over `steps_per_epoch`-step epochs."""
+    `--steps`, `--ema-momentum`, `--verbose`; with `decay_alpha`, the
+    learning-rate schedule of `--learning-rate`, `--warmup-steps` and
+    `--lr-hold` over `steps_per_epoch`-step epochs, decaying to
+    `decay_alpha` times the peak. `overrides` replace any of them."""
     epochs = args.epochs
     if args.steps is not None:
         epochs = math.ceil(args.steps / max(1, steps_per_epoch))
-    return {
+    options = {
         "epochs": epochs,
         "minutes": args.time_budget,
         "max_steps": args.steps,
         "ema": args.ema_momentum > 0,
         "verbose": args.verbose,
         "steps_per_epoch": steps_per_epoch,
-        **schedule,
+    }
+    if decay_alpha is not None:
+        options.update(
+            learning_rate=args.learning_rate,
+            warmup_steps=getattr(args, "warmup_steps", 0),
+            lr_hold=getattr(args, "lr_hold", 0.0),
+            decay_alpha=decay_alpha,
+        )
+    return {**options, **overrides}
+
+
+def fit_metrics(fit, steps_per_epoch: int) -> dict:
+    """`metrics.json`'s figures of a `training.FitResult`."""
+    return {
+        "train_seconds": fit.seconds,
+        "optimizer_steps": fit.steps,
+        "stopped_by_time_budget": fit.stopped_by_time_budget,
+        "steps_per_epoch": steps_per_epoch,
     }
 
 
@@ -396,14 +427,20 @@ def write_metrics(
     """`metrics.json`: the test metrics and the exact configuration.
 
     Under `--evaluate-only` the training figures of the run's own
-    `metrics.json` (those `metrics` lacks) and its training configuration
-    are kept, and `evaluated_only` records the evaluation's options.
+    `metrics.json` and its training configuration are kept (every other
+    figure is this evaluation's), and `evaluated_only` records the
+    evaluation's options.
     """
     path = Path(out_dir) / "metrics.json"
     payload = {"metrics": metrics, "config": config, "environment": environment}
     if config.get("evaluate_only") is not None and path.exists():
         previous = json.loads(path.read_text())
-        payload["metrics"] = {**previous.get("metrics", {}), **metrics}
+        trained = {
+            name: value
+            for name, value in previous.get("metrics", {}).items()
+            if name in TRAINING_FIGURES
+        }
+        payload["metrics"] = {**trained, **metrics}
         payload["config"] = previous.get("config", config)
         payload["evaluated_only"] = config
     if extra:

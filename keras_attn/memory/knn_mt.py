@@ -12,7 +12,7 @@ mixture are `keras_attn.memory.nearest_neighbors`). Nothing is trained: `k`,
 log-likelihood of their references (`choose_knn`).
 
     store = translation_datastore(translator, train_batches)
-    knn, trials = choose_knn(translator, store, validation_batches)
+    knn, report = choose_knn(translator, store, validation_batches)
     translator.translate(["Where is the station?"], nearest_neighbors=knn)
 """
 
@@ -365,10 +365,13 @@ def choose_knn(
         query_chunk_size: validation states searched at once.
 
     Returns:
-        `(decoding, trials, model_nats)`: the best `NearestNeighborDecoding`,
-        one dict per setting tried (`k`, `temperature`, `lambda`,
-        `validation_nats_per_token`), and the model's own nats per
-        reference token.
+        `(decoding, report)`: the best `NearestNeighborDecoding`, and a dict
+        of the choice: its `k`, `temperature`, `lambda`, `key_dtype`,
+        `datastore_entries`, `validation_nats_per_token` (the mixture's
+        negative log-likelihood per reference token),
+        `model_validation_nats_per_token` (the model's alone) and `trials`
+        (one dict per setting tried: `k`, `temperature`, `lambda`,
+        `validation_nats_per_token`).
     """
     scores = translation_states(translator, validation_data, log_probs=True)
     largest_k = min(max(k), len(datastore))
@@ -418,5 +421,18 @@ def choose_knn(
         }
         for trial in trials
     ]
-    model_nats = -float(np.mean(scores["log_probs"], dtype="float64"))
-    return decoding, trials, model_nats
+    report = {
+        "k": decoding.k,
+        "temperature": decoding.temperature,
+        "lambda": decoding.lam,
+        "key_dtype": key_dtype,
+        "datastore_entries": len(datastore),
+        "validation_nats_per_token": min(
+            trial["validation_nats_per_token"] for trial in trials
+        ),
+        "model_validation_nats_per_token": -float(
+            np.mean(scores["log_probs"], dtype="float64")
+        ),
+        "trials": trials,
+    }
+    return decoding, report

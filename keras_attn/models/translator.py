@@ -314,6 +314,9 @@ class _CallWithNeighbors:
     def __init__(self, translator, nearest_neighbors):
         self.translator = translator
         self.nearest_neighbors = nearest_neighbors
+        # The datastore's weights are made here, eagerly, not inside the
+        # function a decoding loop traces.
+        nearest_neighbors.weights_layer()
 
     def __call__(self, token_ids, cache, index):
         return self.translator.call_with_cache(

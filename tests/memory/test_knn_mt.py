@@ -242,9 +242,10 @@ def test_the_rnn_translator_is_refused():
 def test_the_validation_search_keeps_the_setting_of_lowest_loss():
     model = small_translator()
     store = translation_datastore(model, batches())
-    knn, trials, model_nats = choose_knn(
+    knn, report = choose_knn(
         model, store, batches()[:1], k=(2, 40), temperature=(1.0, 5.0), lam=(0.0, 0.5)
     )
+    trials, model_nats = report["trials"], report["model_validation_nats_per_token"]
     # k is capped at the datastore's 18 entries; every combination is tried.
     assert [(t["k"], t["temperature"], t["lambda"]) for t in trials] == [
         (k, t, lam) for k in (2, 18) for t in (1.0, 5.0) for lam in (0.0, 0.5)
@@ -270,3 +271,6 @@ def test_the_validation_search_keeps_the_setting_of_lowest_loss():
     assert (knn.k, knn.temperature, knn.lam) == (
         best["k"], best["temperature"], best["lambda"]
     )  # fmt: skip
+    assert (report["k"], report["lambda"]) == (knn.k, knn.lam)
+    assert report["validation_nats_per_token"] == best["validation_nats_per_token"]
+    assert report["datastore_entries"] == 18 and report["key_dtype"] == "float32"

@@ -143,3 +143,67 @@ def test_round_trip_and_bad_arguments(tmp_path):
         model.generate(["KING:"])
     with pytest.raises(ValueError, match=r"Received: continuous_cache=0\.3"):
         model.score_ids(TOKENS, continuous_cache=0.3)
+
+
+@pytest.mark.tf_only
+def test_stream_log_probs_follow_the_token_stream(tmp_path):
+    """What the cache is given: every target once, in the order of the text,
+    with the token before it, its document, the model's log-probability and
+    its state."""
+    import re
+    from pathlib import Path
+
+    from keras_attn.datasets import Document
+    from keras_attn.text import (
+        END_ID,
+        START_ID,
+        SubwordTokenizer,
+        language_model_dataset,
+        train_subword_vocabulary,
+    )
+
+    text = (Path(__file__).parents[1] / "fixtures" / "play_sample.txt").read_text()
+    tokenizer = SubwordTokenizer(
+        train_subword_vocabulary(
+            [text], tmp_path / "v.model", vocabulary_size=400, lossless=True
+        )
+    )
+    documents = [Document("a", text), Document("b", text[150:] + text)]
+    stream, document_ids = [], []
+    for index, document in enumerate(documents):  # tokenized line by line
+        lines = [line for line in re.split(r"(?<=\n)", document.text) if line]
+        tokens = tokenizer.tokenize(lines).flat_values.numpy().tolist()
+        stream += [START_ID, *tokens, END_ID]
+        document_ids += [index + 1] * (len(tokens) + 2)
+    dataset = language_model_dataset(
+        documents,
+        tokenizer,
+        sequence_length=16,
+        batch_size=3,
+        shuffle=False,
+        document_tokens=True,
+    )
+    model = TransformerLanguageModel(
+        tokenizer.vocabulary_size,
+        16,
+        embedding_dim=8,
+        num_layers=1,
+        num_heads=2,
+        intermediate_dim=16,
+    )
+    scores = model.stream_log_probs(dataset, states=True)
+    np.testing.assert_array_equal(scores["targets"], stream[1:])
+    np.testing.assert_array_equal(scores["inputs"], stream[:-1])
+    np.testing.assert_array_equal(scores["document_ids"], document_ids[:-1])
+    assert scores["states"].shape == (len(stream) - 1, 8)
+    # The log-probabilities are the tied projection of the states.
+    logits = scores["states"] @ to_numpy(model.embedding.token_embedding.embeddings).T
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(
+        scores["log_probs"],
+        log_probs[np.arange(len(stream) - 1), scores["targets"]],
+        atol=1e-4,
+    )
+    plain = model.stream_log_probs(dataset)
+    assert "states" not in plain
+    np.testing.assert_allclose(plain["log_probs"], scores["log_probs"], atol=1e-6)
