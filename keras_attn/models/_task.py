@@ -53,15 +53,15 @@ def text_list(name: str, texts) -> list[str]:
     if isinstance(texts, str):
         return [texts]
     try:
-        texts = list(texts)
+        found = list(texts)
     except TypeError:
-        texts = None
-    if texts is None or not all(isinstance(text, str) for text in texts):
+        found = None
+    if found is None or not all(isinstance(text, str) for text in found):
         raise ValueError(
             f"`{name}` must be a string or a list of strings. Received: "
             f"{name} of type {type(texts).__name__}"
         )
-    return texts
+    return found
 
 
 def check_length(name: str, value, allow_none: bool = False):

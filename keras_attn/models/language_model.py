@@ -11,7 +11,6 @@ from keras_attn import generation
 from keras_attn._loops import map_chunks
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
-from keras_attn.memory.continuous_cache import ContinuousCache
 from keras_attn.models import _task
 
 PAD_ID, START_ID, END_ID = 0, 2, 3  # keras_attn.text's special ids
@@ -232,8 +231,8 @@ class TransformerLanguageModel(keras.Model):
             included) and, with a cache, `model_log_likelihood` (the model
             alone).
         """
-        if continuous_cache is not None and not isinstance(
-            continuous_cache, ContinuousCache
+        if continuous_cache is not None and not callable(
+            getattr(continuous_cache, "log_probs", None)
         ):
             raise ValueError(
                 "`continuous_cache` must be a keras_attn.memory.ContinuousCache or "

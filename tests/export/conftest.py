@@ -1,11 +1,6 @@
-"""Small trained-from-scratch models and tokenizers for the export tests."""
+"""Inputs for the export tests (the small tokenizer is in tests/conftest.py)."""
 
 from pathlib import Path
-
-import pytest
-
-from keras_attn.datasets import load_translation_pairs
-from keras_attn.text import SubwordTokenizer, train_subword_vocabulary
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -25,20 +20,3 @@ def nasty_batch():
     batch = [text.encode("utf-8") for text in NASTY_TEXTS[:-1]]
     batch.append(b"bad bytes \xff\xfe here")
     return batch
-
-
-@pytest.fixture(scope="session")
-def english_sentences():
-    splits = load_translation_pairs(path=FIXTURES / "de_en_pairs.tsv")
-    return [english for english, _ in splits.train + splits.validation + splits.test]
-
-
-@pytest.fixture(scope="session")
-def small_tokenizer(english_sentences, tmp_path_factory):
-    path = train_subword_vocabulary(
-        english_sentences,
-        tmp_path_factory.mktemp("vocab") / "en.model",
-        vocabulary_size=300,
-        lowercase=True,
-    )
-    return SubwordTokenizer(path)
