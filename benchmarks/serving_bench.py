@@ -13,7 +13,6 @@ of 1 and 16 test sentences: p50 and p99 latency, sentences per second.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -27,8 +26,6 @@ import tensorflow as tf
 
 from keras_attn.datasets import load_movie_reviews, load_translation_pairs
 from keras_attn.export import export_sentiment, export_translator
-from keras_attn.models import load_pretrained
-from keras_attn.text import SubwordTokenizer
 
 
 def latencies(signature, texts, batch_size, calls, warmup=3):
@@ -50,21 +47,6 @@ def latencies(signature, texts, batch_size, calls, warmup=3):
     return p50 * 1000, p99 * 1000, batch_size / np.median(times)
 
 
-def run_tokenizers(run: Path, target_vocabulary, scratch_vocabulary):
-    """`(source or input tokenizer, target tokenizer)` of an example run: the
-    pretrained encoder's WordPiece (its `metrics.json` names the encoder) and
-    `vocab/<target_vocabulary>`, or, trained from scratch, the shared
-    `vocab/<scratch_vocabulary>` for both."""
-    config = json.loads((run / "metrics.json").read_text())["config"]
-    checkpoint = load_pretrained(config.get("pretrained", "none"))
-    if checkpoint is None:
-        tokenizer = SubwordTokenizer(run / "vocab" / scratch_vocabulary)
-        return tokenizer, tokenizer
-    source = checkpoint.tokenizer(max_length=config["max_length"])
-    target = target_vocabulary and SubwordTokenizer(run / "vocab" / target_vocabulary)
-    return source, target
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--translator-run", default="runs/transformer")
@@ -76,15 +58,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.translator_run)
         model = keras.saving.load_model(run / "model.keras", compile=False)
-        source_tokenizer, tokenizer = run_tokenizers(run, "de.model", "en_de.model")
         sources = [
             en for en, _ in load_translation_pairs("de-en", alternatives="keep").test
         ]
         for name, width in (("beam 4", 4), ("greedy (beam 1)", 1)):
             path = export_translator(
                 model,
-                source_tokenizer,
-                tokenizer,
                 tmp,
                 model_name=f"translator_{width}",
                 max_length=args.max_length,
@@ -101,9 +80,8 @@ def main():
                 )
         run = Path(args.sentiment_run)
         model = keras.saving.load_model(run / "model.keras", compile=False)
-        tokenizer, _ = run_tokenizers(run, None, "sentiment.model")
         texts = [text for text, _ in load_movie_reviews().test]
-        path = export_sentiment(model, tokenizer, tmp, max_length=64)
+        path = export_sentiment(model, tmp, max_length=64)
         signature = tf.saved_model.load(str(path)).signatures["serving_default"]
         for batch_size in (1, 16):
             rows.append(

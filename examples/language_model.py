@@ -67,16 +67,9 @@ def load_data(args):
     return splits
 
 
-def build(args, splits, out):
-    """The language model and its lossless SentencePiece tokenizer, compiled
-    for training (the learning rate is set per batch by BudgetCosineDecay)."""
-    vocabulary = train_subword_vocabulary(
-        [document.text for document in splits.train],
-        out / "vocab" / "text.model",
-        vocabulary_size=args.vocabulary_size,
-        lossless=True,
-    )
-    tokenizer = SubwordTokenizer(vocabulary)
+def build(args, tokenizer):
+    """The language model with its tokenizer, compiled for training (the
+    learning rate is set per batch by BudgetCosineDecay)."""
     model = TransformerLanguageModel(
         tokenizer.vocabulary_size,
         args.sequence_length,
@@ -103,8 +96,14 @@ def main(argv=None) -> dict:
     if args.evaluate_only:
         model = keras.saving.load_model(out / "model.keras")
     else:
+        vocabulary = train_subword_vocabulary(
+            [document.text for document in splits.train],
+            out / "vocab" / "text.model",
+            vocabulary_size=args.vocabulary_size,
+            lossless=True,
+        )
         with strategy.scope():
-            model = build(args, splits, out)
+            model = build(args, SubwordTokenizer(vocabulary))
 
     def dataset(split, shuffle=False, stride=None):
         return with_cardinality(

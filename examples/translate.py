@@ -67,29 +67,34 @@ def load_data(args):
     return splits
 
 
-def build(args, splits, out):
-    """The translator of `args`, with its tokenizers, compiled for training."""
-    checkpoint = _cli.load_pretrained(args.pretrained)
+def tokenizers_of(args, splits, out, checkpoint):
+    """A SentencePiece vocabulary of the training pairs (German only under
+    a pretrained encoder, whose WordPiece reads the English side)."""
     texts = [german for _, german in splits.train]
     if checkpoint is None:  # one vocabulary for both languages
         texts = [text for pair in splits.train for text in pair]
-    vocabulary = train_subword_vocabulary(
-        texts,
-        out / "vocab" / ("de.model" if checkpoint else "en_de.model"),
-        vocabulary_size=args.vocabulary_size,
-    )
-    target = SubwordTokenizer(vocabulary)
-    tokenizers = {"target_tokenizer": target, "source_tokenizer": target}
-    size = target.vocabulary_size
-    if checkpoint is not None:
-        if args.max_length > checkpoint.max_positions:
-            raise SystemExit(
-                "--max-length must be at most the pretrained encoder's "
-                f"{checkpoint.max_positions} positions. Received: {args.max_length}"
-            )
-        tokenizers["source_tokenizer"] = checkpoint.tokenizer(
-            max_length=args.max_length
+    target = SubwordTokenizer(
+        train_subword_vocabulary(
+            texts,
+            out / "vocab" / ("de.model" if checkpoint else "en_de.model"),
+            vocabulary_size=args.vocabulary_size,
         )
+    )
+    if checkpoint is None:
+        return {"source_tokenizer": target, "target_tokenizer": target}
+    if args.max_length > checkpoint.max_positions:
+        raise SystemExit(
+            "--max-length must be at most the pretrained encoder's "
+            f"{checkpoint.max_positions} positions. Received: {args.max_length}"
+        )
+    source = checkpoint.tokenizer(max_length=args.max_length)
+    return {"source_tokenizer": source, "target_tokenizer": target}
+
+
+def build(args, tokenizers, checkpoint=None):
+    """The translator of `args` with its tokenizers, compiled for training."""
+    size = tokenizers["target_tokenizer"].vocabulary_size
+    if checkpoint is not None:
         model = TransformerTranslator.from_bert(
             checkpoint,
             size,
@@ -157,8 +162,10 @@ def main(argv=None) -> dict:
     if args.evaluate_only:
         translator = keras.saving.load_model(out / "model.keras")
     else:
+        checkpoint = _cli.load_pretrained(args.pretrained)
+        tokenizers = tokenizers_of(args, splits, out, checkpoint)
         with strategy.scope():
-            translator = build(args, splits, out)
+            translator = build(args, tokenizers, checkpoint)
         train_data = dataset(splits.train, True)
         steps = int(train_data.cardinality())
         fit = training.fit_within_budget(
