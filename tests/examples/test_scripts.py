@@ -201,6 +201,7 @@ def test_translate_smoke(tmp_path):
     )
 
 
+@pytest.mark.large  # the sampling is tested in tests/text, the flag's wiring here
 def test_translate_smoke_with_subword_sampling(tmp_path):
     out = tmp_path / "run"
     run_script(
@@ -226,6 +227,7 @@ def test_translate_smoke_with_subword_sampling(tmp_path):
     assert not (out / "translations_knn.tsv").exists()
 
 
+@pytest.mark.large  # from_bert and its export are tested in tests/models, tests/export
 def test_translate_smoke_with_a_pretrained_encoder(tmp_path):
     from tests.test_case import write_bert_checkpoint
 
