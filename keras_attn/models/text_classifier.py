@@ -21,30 +21,66 @@ class _ClassifierTask:
     """`classify` and `export` over a network `token_ids -> (B, 1)`
     probabilities with a `tokenizer` and a `sequence_length`."""
 
+    labels = LABELS  # the label of a probability at most, and above, the threshold
+
     def classify(self, texts, max_length: int | None = None, threshold: float = 0.5):
         """The positive class's probability and the label of raw strings.
 
         Args:
             texts: a string or a list of strings.
-            max_length: tokens kept per text (default `sequence_length`).
+            max_length: tokens kept per text (default `sequence_length`),
+                truncated as the tokenizer truncates (a WordPiece tokenizer
+                keeps `[SEP]` last).
             threshold: the label is `"positive"` above it.
 
         Returns:
             `{"positive_probability": (N,) float32 array, "label": [str]}`,
-            as the TF Serving export answers.
+            what the TF Serving export answers.
         """
         texts = _task.text_list("texts", texts)
+        result = self.classify_strings(texts, max_length, threshold)
+        return {
+            "positive_probability": np.asarray(result["positive_probability"]),
+            "label": [label.decode("utf-8") for label in np.asarray(result["label"])],
+        }
+
+    def classify_strings(
+        self,
+        texts,
+        max_length: int | None = None,
+        threshold: float = 0.5,
+        tokenizer=None,
+    ) -> dict:
+        """`classify` of strings (a `tf.string` tensor `[B]` or a list), as
+        tensors: `positive_probability` float32 `[B]`, `label` string `[B]`.
+        TensorFlow, eagerly or in a `tf.function` (the export's
+        `serving_default` is this). `tokenizer`: one giving dense ids of
+        `max_length` tokens (default: the model's, so configured)."""
+        import tensorflow as tf
+
+        if tokenizer is None:
+            tokenizer = self.dense_tokenizer(max_length)
+        token_ids = tokenizer.tokenize(texts)  # (B, max_length), truncated
+        if tf.executing_eagerly():  # any backend's model reads NumPy
+            token_ids = np.asarray(token_ids)
+        probability = self(token_ids, training=False)
+        if tf.executing_eagerly():
+            probability = ops.convert_to_numpy(probability)
+        probability = tf.reshape(tf.cast(probability, tf.float32), [-1])  # (B,)
+        label = tf.gather(
+            tf.constant(self.labels), tf.cast(probability > threshold, tf.int32)
+        )
+        return {"positive_probability": probability, "label": label}
+
+    def dense_tokenizer(self, max_length: int | None = None):
+        """A copy of the model's tokenizer giving dense ids of `max_length`
+        tokens (default `sequence_length`)."""
         tokenizer = _task.require_tokenizer(self, "tokenizer", "classify")
         max_length = _task.check_length(
             "max_length", max_length or self.sequence_length
         )
-        ids = tokenizer.tokenize(texts)[:, :max_length].to_tensor()
-        probability = ops.convert_to_numpy(self(np.asarray(ids), training=False))
-        probability = np.asarray(probability, "float32").reshape(-1)
-        return {
-            "positive_probability": probability,
-            "label": [LABELS[int(p > threshold)] for p in probability],
-        }
+        config = {**tokenizer.get_config(), "sequence_length": max_length}
+        return type(tokenizer).from_config(config)
 
     def export(
         self,
