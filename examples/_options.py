@@ -465,8 +465,8 @@ def language_model_args(argv=None):
         "--no-cache",
         action="store_true",
         help="skip the continuous cache's evaluation (its validation search "
-        "takes about half a minute per --cache-theta value on the default data); "
-        "the export's score signature then uses the model alone",
+        "scores the validation text once per --cache-theta value); the export's "
+        "score signature then uses the model alone",
     )
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--warmup-steps", type=int, default=200)
