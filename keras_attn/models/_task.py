@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import keras
 
+# keras_attn.text's special ids (that module imports TensorFlow).
+PAD_ID, START_ID, END_ID = 0, 2, 3
+
 
 def serialize_tokenizer(tokenizer):
     """A tokenizer layer's config for `get_config` (None stays None)."""

@@ -13,7 +13,7 @@ from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbed
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.models import _task
 
-PAD_ID, START_ID, END_ID = 0, 2, 3  # keras_attn.text's special ids
+PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

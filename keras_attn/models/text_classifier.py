@@ -264,21 +264,6 @@ class TextClassifier(_ClassifierTask, keras.Model):
         )
         return model
 
-    def encode(self, token_ids, layers: int | None = None):
-        """`(hidden (B, T, d), mask (B, T))`: the embeddings and the first
-        `layers` encoder blocks (all, and the final norm, by default)."""
-        token_ids = ops.convert_to_tensor(token_ids, "int32")
-        mask = ops.not_equal(token_ids, 0)
-        x = self.embedding(token_ids)
-        if self.embedding_norm is not None:
-            x = self.embedding_norm(x)
-        blocks = self.encoder_blocks if layers is None else self.encoder_blocks[:layers]
-        for block in blocks:
-            x = block(x, padding_mask=mask)
-        if layers is None and self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, mask
-
     def attention_maps(self, token_ids) -> dict:
         """Attention weights, float32: `"self_attention"`, one `(B, heads, T,
         T)` per encoder block (row `i`: how token `i` spreads its attention;

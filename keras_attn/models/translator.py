@@ -20,7 +20,7 @@ from keras import ops
 from keras_attn import generation
 from keras_attn.models import _task
 
-PAD_ID, START_ID, END_ID = 0, 2, 3  # keras_attn.text's special ids
+PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
 class Translator(keras.Model):

@@ -152,3 +152,14 @@ def test_classify_and_alignment_and_bad_text(tasks):
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
     with pytest.raises(ValueError, match="Received: texts of type int"):
         classifier.classify(3)
+
+
+def test_the_models_special_ids_are_the_tokenizers():
+    from keras_attn import text
+    from keras_attn.models import _task
+
+    assert (_task.PAD_ID, _task.START_ID, _task.END_ID) == (
+        text.PAD_ID,
+        text.START_ID,
+        text.END_ID,
+    )
