@@ -45,10 +45,7 @@ def translator_serving_fns(
 
     def source_ids(text):
         text = clean_text(text, max_chars=16 * max_length)
-        ids = source.tokenize(text)[:, :max_length]  # ragged (B, <= max_length)
-        # A fixed width keeps one compiled shape and gives even an all-empty
-        # batch a (fully masked) source to attend to.
-        return ids.to_tensor(default_value=PAD_ID, shape=[None, max_length])
+        return translator.source_ids(text, max_length, tokenizer=source)
 
     def translate(text):
         tokens, _ = decode(source_ids(text))  # (B, max_length), END then padding

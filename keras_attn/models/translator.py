@@ -133,7 +133,6 @@ class Translator(keras.Model):
             The translations, detokenized, one per text.
         """
         texts = _task.text_list("texts", texts)
-        source = _task.require_tokenizer(self, "source_tokenizer", "translate")
         target = _task.require_tokenizer(self, "target_tokenizer", "translate")
         from keras_attn._progress import progress_bar
 
@@ -144,14 +143,26 @@ class Translator(keras.Model):
         batches = -(-len(texts) // batch_size)  # len / batch_size rounded up
         progress = progress_bar(title, batches, verbose)
         for step, start in enumerate(range(0, len(texts), batch_size), start=1):
-            ids = source.tokenize(texts[start : start + batch_size])[:, :max_length]
-            tokens, _ = decode(ids.to_tensor(shape=[None, max_length]))
+            ids = self.source_ids(texts[start : start + batch_size], max_length)
+            tokens, _ = decode(np.asarray(ids))
             hypotheses += [
                 text.decode("utf-8")
                 for text in np.asarray(target.detokenize(np.asarray(tokens)))
             ]
             progress.update(step)
         return hypotheses
+
+    def source_ids(self, texts, max_length: int = 40, tokenizer=None):
+        """Source ids `(B, max_length)` of strings (a list or a `tf.string`
+        tensor `[B]`): tokenized (with `tokenizer`, default the model's
+        `source_tokenizer`), truncated, padded with 0. A fixed width keeps one
+        compiled shape and gives even an all-empty batch a (fully masked)
+        source to attend to. TensorFlow, eagerly or in a `tf.function` (the
+        export's signatures read their sources so)."""
+        if tokenizer is None:
+            tokenizer = _task.require_tokenizer(self, "source_tokenizer", "translate")
+        ids = tokenizer.tokenize(texts)[:, :max_length]  # ragged (B, <= max_length)
+        return ids.to_tensor(default_value=PAD_ID, shape=[None, max_length])
 
     def _compiled_decoding(self, max_length, beam_width, length_penalty, knn):
         """`decoding_fn` compiled once per setting (`tf.function` on
