@@ -133,6 +133,7 @@ class Translator(keras.Model):
             The translations, detokenized, one per text.
         """
         texts = _task.text_list("texts", texts)
+        _task.require_tokenizer(self, "source_tokenizer", "translate")
         target = _task.require_tokenizer(self, "target_tokenizer", "translate")
         from keras_attn._progress import progress_bar
 
