@@ -31,14 +31,6 @@ def clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
-def first_given(*masks):
-    """The first mask that is not `None` (explicit masks before Keras masks)."""
-    for mask in masks:
-        if mask is not None:
-            return mask
-    return None
-
-
 class TransformerBlockBase(keras.layers.Layer):
     """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`."""
 

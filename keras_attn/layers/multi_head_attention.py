@@ -134,8 +134,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             query (Qiu et al. 2025, https://arxiv.org/abs/2505.06708), as in
             Keras.
         seed: seed of the dropout.
-        output_dim: alias of an integer `output_shape` (keras-attn's earlier
-            name); not in `get_config`.
+        output_dim: an alias of an integer `output_shape`; not written to
+            `get_config`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -598,15 +598,29 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 "`query` must have rank 3 or more (batch, positions..., "
                 f"features). Received: query.shape={tuple(query.shape)}"
             )
+        stacked = cache is not None and self._check_cache(cache)
+        self._check_call(
+            query,
+            (
+                self._cache_length(cache)
+                if cache is not None
+                else (value if key is None else key).shape[1]
+            ),
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            cache,
+            cache_update_index,
+        )
         query_heads = _project(self.query_dense, query)  # (B, Tq, N, H)
         gate = _project(self.gate_dense, query) if self.use_gate else None
         if cache is None or cache_update_index is not None:
             new_keys, new_values = self.compute_key_value(value, key)  # (B,Tv,N,H)
-        stacked = False
         if cache is None:
             key_heads, value_heads = new_keys, new_values
         else:
-            stacked = self._check_cache(cache)
             if stacked:  # (B, 2, Tmax, N, H)
                 key_cache, value_cache = cache[:, 0, ...], cache[:, 1, ...]
             else:
@@ -621,17 +635,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 if stacked
                 else (key_heads, value_heads)
             )
-        self._check_call(
-            query,
-            key_heads.shape[1],
-            query_mask,
-            value_mask,
-            key_mask,
-            attention_mask,
-            use_causal_mask,
-            cache,
-            cache_update_index,
-        )
         layout = self._layout(rank + 1)
         if layout[0] is None:
             mask = combine_masks(

@@ -1,4 +1,6 @@
 import inspect
+import os
+import tempfile
 
 import keras
 import keras_hub
@@ -108,6 +110,30 @@ class TransformerEncoderBlockTest(TestCase):
             got[real], want[real], atol=tolerance, rtol=tolerance
         )
         self.assertFalse(np.allclose(got[~real], want[~real], atol=tolerance))
+
+    def test_int8_quantization_as_keras_hub_and_through_save_and_load(self):
+        def encoder(block_class):
+            inputs = keras.Input((5, 8))
+            x = block_class(16, 2, name="first")(inputs)
+            return keras.Model(inputs, block_class(16, 2, normalize_first=True)(x))
+
+        ours, theirs = (
+            encoder(TransformerEncoderBlock),
+            encoder(keras_hub.layers.TransformerEncoder),
+        )
+        ours.set_weights(theirs.get_weights())
+        ours.quantize("int8")
+        theirs.quantize("int8")
+        block = ours.get_layer("first")
+        self.assertEqual(block.self_attention.query_dense.quantization_mode, "int8")
+        self.assertEqual(block.feedforward_output_dense.quantization_mode, "int8")
+        got = to_numpy(ours(INPUTS))
+        np.testing.assert_allclose(got, to_numpy(theirs(INPUTS)), atol=1e-5)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "quantized.keras")
+            ours.save(path)
+            loaded = keras.saving.load_model(path)
+        np.testing.assert_allclose(to_numpy(loaded(INPUTS)), got, atol=0)
 
     @parameterized.named_parameters(("post_norm", False), ("pre_norm", True))
     def test_matches_keras_hub_with_copied_weights(self, normalize_first):
