@@ -105,18 +105,25 @@ def check_flash_attention(flash_attention, dropout: float = 0.0):
 
     `True` with `dropout > 0` is refused at construction, as
     `keras.layers.MultiHeadAttention` does: no fused path applies dropout to
-    the attention weights.
+    the attention weights. `None` counts as `True` after
+    `keras.config.enable_flash_attention()`.
     """
     if flash_attention is not None and not isinstance(flash_attention, bool):
         raise ValueError(
             "`flash_attention` must be None, True or False. "
             f"Received: flash_attention={flash_attention!r}"
         )
-    if flash_attention and dropout > 0:
+    required = (
+        keras.config.is_flash_attention_enabled()
+        if flash_attention is None
+        else flash_attention
+    )
+    if required and dropout > 0:
         raise ValueError(
-            "`flash_attention=True` cannot apply dropout to the attention "
-            "weights: set `dropout=0` or `flash_attention=None`. "
-            f"Received: flash_attention=True, dropout={dropout}"
+            "A fused attention path (`flash_attention=True`, or `None` after "
+            "`keras.config.enable_flash_attention()`) cannot apply dropout to "
+            "the attention weights: set `dropout=0` or `flash_attention=False`. "
+            f"Received: flash_attention={flash_attention}, dropout={dropout}"
         )
     return flash_attention
 

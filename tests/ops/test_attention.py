@@ -132,3 +132,12 @@ def test_check_flash_attention():
         check_flash_attention(True, 0.1)
     with pytest.raises(ValueError, match="Received: flash_attention=1"):
         check_flash_attention(1)
+
+
+def test_check_flash_attention_follows_keras_flash_attention_config(monkeypatch):
+    monkeypatch.setattr(keras.config, "is_flash_attention_enabled", lambda: True)
+    with pytest.raises(
+        ValueError, match=r"Received: flash_attention=None, dropout=0\.1"
+    ):
+        check_flash_attention(None, 0.1)
+    assert check_flash_attention(False, 0.1) is False
