@@ -1,7 +1,8 @@
 """`python -m keras_attn.export check PATH`: the servability check.
 
-Exit status: 0 servable, 1 not servable, 2 not verified (some of the check
-could not run in the runtime asked for; the report says what).
+Exit status: 0 servable, 1 not servable, 3 not verified (some of the check
+could not run in the runtime asked for; the report says what); 2 for usage
+errors, as argparse.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXIT_STATUS = {"SERVABLE": 0, "NOT SERVABLE": 1, "NOT VERIFIED": 2}
+EXIT_STATUS = {"SERVABLE": 0, "NOT SERVABLE": 1, "NOT VERIFIED": 3}
 
 
 def main(argv=None) -> int:
@@ -21,7 +22,7 @@ def main(argv=None) -> int:
         "check",
         help="check that TF Serving can serve PATH",
         description="Check that TF Serving can serve an export. Exit status: "
-        "0 servable, 1 not servable, 2 not verified.",
+        "0 servable, 1 not servable, 3 not verified (2: usage errors).",
     )
     check.add_argument(
         "path",
@@ -46,8 +47,12 @@ def main(argv=None) -> int:
         + ", ".join(release.version for release in SERVING_RELEASES),
     )
     args = parser.parse_args(argv)
-    from keras_attn.export.check import check_servable
+    from keras_attn.export.check import check_servable, resolve_version_dir
 
+    try:
+        resolve_version_dir(args.path)
+    except ValueError as error:
+        check.error(str(error))
     report = check_servable(
         args.path,
         atol=args.atol,

@@ -334,7 +334,29 @@ def _close(got, want, atol) -> bool:
         np.asarray(want, dtype="float64"),
         atol=atol,
         rtol=atol,
+        equal_nan=True,  # NaN is reported on its own, by _non_finite
     )
+
+
+def _non_finite(outputs: dict, samples: dict) -> list:
+    """Problems for float outputs that are NaN or infinite on a sample."""
+    import numpy as np
+
+    problems = []
+    for name, arrays in sorted(outputs.items()):
+        for output, values in sorted(arrays.items()):
+            values = np.asarray(values, dtype=object)
+            if not values.size or not isinstance(values.flat[0], float):
+                continue
+            bad = ~np.isfinite(np.asarray(values, dtype="float64"))
+            rows = sorted({int(i) for i in np.argwhere(bad)[:, 0]}) if bad.ndim else []
+            if rows:
+                inputs = next(iter(samples[name].values()))
+                problems.append(
+                    f"signature {name!r} returns NaN or infinite {output!r} for "
+                    f"the sample inputs {[inputs[i] for i in rows]!r}"
+                )
+    return problems
 
 
 def resolve_version_dir(path) -> Path:
@@ -481,6 +503,7 @@ def check_servable(
                         f"{loader} loader: signature {name!r} gave "
                         f"{checked[loader].get(name)!r}, expected {outputs!r}"
                     )
+        report.problems += _non_finite(checked["tf1"], metadata["samples"])
         report.problems += [f"warmup: {e}" for e in report.warmup["errors"]]
         if not report.warmup["records"]:
             report.problems.append(

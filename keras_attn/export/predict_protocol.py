@@ -195,7 +195,9 @@ def rest_to_request(body: str | bytes, model_name: str, meta_graph):
     except ValueError as error:
         raise PredictError("INVALID_ARGUMENT", f"JSON Parse error: {error}") from None
     if not isinstance(document, dict):
-        raise PredictError("INVALID_ARGUMENT", "Is not object")
+        raise PredictError(
+            "INVALID_ARGUMENT", f"JSON Value: {_debug(document)} Is not object"
+        )
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model_name
     if "signature_name" in document:
@@ -209,17 +211,22 @@ def rest_to_request(body: str | bytes, model_name: str, meta_graph):
     if "instances" in document and "inputs" in document:
         raise PredictError(
             "INVALID_ARGUMENT",
-            "Not formatted correctly expecting only one of 'inputs' or "
-            "'instances' keys to exist",
+            f"JSON Value: {_debug(document)} Not formatted correctly expecting "
+            "only one of 'inputs' or 'instances' keys to exist ",
         )
     if "instances" in document:
         instances = document["instances"]
         if not isinstance(instances, list):
             raise PredictError(
-                "INVALID_ARGUMENT", "Expecting 'instances' to be an list/array"
+                "INVALID_ARGUMENT",
+                f"JSON Value: {_debug(document)} Expecting 'instances' to be an "
+                "list/array",
             )
         if not instances:
-            raise PredictError("INVALID_ARGUMENT", "No values in 'instances' array")
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"JSON Value: {_debug(document)} No values in 'instances' array",
+            )
         columns = _columns_from_instances(instances, infos)
         form = "row"
     elif "inputs" in document:
@@ -227,17 +234,38 @@ def rest_to_request(body: str | bytes, model_name: str, meta_graph):
         form = "columnar"
     else:
         raise PredictError("INVALID_ARGUMENT", "Missing 'inputs' or 'instances' key")
-    for name, values in columns.items():
+    for name, column in columns.items():
         dtype = tf.dtypes.as_dtype(infos[name].dtype)
-        request.inputs[name].CopyFrom(_tensor_from_json(values, dtype, name))
+        request.inputs[name].CopyFrom(_tensor_from_json(column, dtype))
     return request, form
 
 
 def _is_b64(value) -> bool:
-    return isinstance(value, dict) and list(value) == ["b64"]
+    return (
+        isinstance(value, dict)
+        and list(value) == ["b64"]
+        and isinstance(value["b64"], str)
+    )
+
+
+def _debug(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "Null"
+    if value is True or value is False:
+        return str(value)
+    if isinstance(value, dict):
+        return "Object"
+    if isinstance(value, list):
+        return "Array"
+    return "String" if isinstance(value, str) else "Number"
 
 
 def _columns_from_instances(instances: list, infos: dict) -> dict:
+    """FillTensorMapFromInstancesList: `{input: (values, shape)}`."""
     objects = isinstance(instances[0], dict) and not _is_b64(instances[0])
     if not objects and len(infos) > 1:
         raise PredictError(
@@ -246,7 +274,29 @@ def _columns_from_instances(instances: list, infos: dict) -> dict:
             "input tensors required as per tensorinfo_map",
         )
     names = sorted(infos)
-    columns = {name: [] for name in names}
+    values = {name: [] for name in names}
+    shapes: dict = {}
+
+    def add(item, name, index):
+        dtype = tf.dtypes.as_dtype(infos[name].dtype)
+        shape = _dense_shape(item)
+        try:
+            flat = _fill(item, 0, shape, dtype)
+        except PredictError as error:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"Failed to process element: {index} of 'instances' list. "
+                f"Error: {error}",
+            ) from None
+        if name in shapes and shapes[name] != shape:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"Failed to process element: {index} of 'instances' list. Error: "
+                f"INVALID_ARGUMENT: Expecting shape {shapes[name]} but got: {shape}",
+            )
+        shapes[name] = shape
+        values[name].extend(flat)
+
     for index, instance in enumerate(instances):
         is_object = isinstance(instance, dict) and not _is_b64(instance)
         if objects:
@@ -255,15 +305,22 @@ def _columns_from_instances(instances: list, infos: dict) -> dict:
                     "INVALID_ARGUMENT",
                     f"Expecting object but got list at item {index} of input list",
                 )
+            for name, item in instance.items():
+                if name not in infos:
+                    raise PredictError(
+                        "INVALID_ARGUMENT",
+                        f"Failed to process element: {index} key: {name} of "
+                        "'instances' list. Error: INVALID_ARGUMENT: JSON object: "
+                        f"does not have named input: {name}",
+                    )
+                add(item, name, index)
             if sorted(instance) != names:
                 raise PredictError(
                     "INVALID_ARGUMENT",
                     f"Failed to process element: {index} of 'instances' list. "
-                    f"JSON object: {json.dumps(instance)} keys must be equal to: "
+                    f"JSON object: {_debug(instance)} keys must be equal to: "
                     f"{','.join(names)}",
                 )
-            for name in names:
-                columns[name].append(instance[name])
         else:
             if is_object:
                 raise PredictError(
@@ -271,11 +328,12 @@ def _columns_from_instances(instances: list, infos: dict) -> dict:
                     f"Expecting value/list but got object at item {index} of "
                     "input list",
                 )
-            columns[names[0]].append(instance)
-    return columns
+            add(instance, names[0], index)
+    return {name: (values[name], [len(instances), *shapes[name]]) for name in names}
 
 
 def _columns_from_inputs(inputs, infos: dict) -> dict:
+    """FillTensorMapFromInputsMap: `{input: (values, shape)}`."""
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(infos) > 1:
             raise PredictError(
@@ -283,53 +341,102 @@ def _columns_from_inputs(inputs, infos: dict) -> dict:
                 "inputs is a plain value/list, but expecting an object as "
                 "multiple input tensors required as per tensorinfo_map",
             )
-        return {next(iter(infos)): inputs}
+        items = {next(iter(infos)): inputs}
+    else:
+        items = {}
+        for name in sorted(infos):
+            if name not in inputs:
+                raise PredictError(
+                    "INVALID_ARGUMENT",
+                    f"Missing named input: {name} in 'inputs' object.",
+                )
+            items[name] = inputs[name]
     columns = {}
-    for name in sorted(infos):
-        if name not in inputs:
-            raise PredictError(
-                "INVALID_ARGUMENT", f"Missing named input: {name} in 'inputs' object."
-            )
-        columns[name] = inputs[name]
+    for name, item in items.items():
+        shape = _dense_shape(item)
+        columns[name] = (
+            _fill(item, 0, shape, tf.dtypes.as_dtype(infos[name].dtype)),
+            shape,
+        )
     return columns
 
 
-def _tensor_from_json(values, dtype, name: str):
-    def convert(value):
-        if isinstance(value, list):
-            return [convert(v) for v in value]
-        if dtype == tf.string:
-            if _is_b64(value):
-                try:
-                    return base64.b64decode(value["b64"], validate=True)
-                except ValueError as error:
-                    raise PredictError(
-                        "INVALID_ARGUMENT",
-                        f"Unable to base64 decode. JSON value: {json.dumps(value)}",
-                    ) from error
-            if not isinstance(value, str):
-                raise PredictError(
-                    "INVALID_ARGUMENT",
-                    f"JSON Value: {json.dumps(value)} Type: {type(value).__name__} "
-                    f"is not of expected type: string (input {name})",
-                )
-            return value.encode("utf-8")
-        if isinstance(value, (bool, str, dict)) or value is None:
+def _dense_shape(value) -> list:
+    """GetDenseTensorShape: the sizes of the first element at each level."""
+    shape = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return shape
+
+
+def _fill(value, level: int, shape: list, dtype) -> list:
+    """FillTensorProto: the values of `value` in row-major order."""
+    if not isinstance(value, list):
+        if level != len(shape):
             raise PredictError(
                 "INVALID_ARGUMENT",
-                f"JSON Value: {json.dumps(value)} is not of expected type: "
-                f"{dtype.name} (input {name})",
+                f"JSON Value: {_debug(value)} found at incorrect level: "
+                f"{level + 1} in the JSON DOM. Expected at level: {len(shape)}",
             )
-        return value
+        return [_value(value, dtype)]
+    if level >= len(shape):
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            f"Encountered list at unexpected level: {level} expected < {len(shape)}",
+        )
+    if len(value) != shape[level]:
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            f"Encountered list at unexpected size: {len(value)} at level: {level} "
+            f"expected size: {shape[level]}",
+        )
+    return [v for item in value for v in _fill(item, level + 1, shape, dtype)]
 
-    converted = convert(values)
+
+def _value(value, dtype):
+    def type_error():
+        return PredictError(
+            "INVALID_ARGUMENT",
+            f"JSON Value: {_debug(value)} Type: {_json_type(value)} is not of "
+            f"expected type: {dtype.name}",
+        )
+
+    if isinstance(value, dict):
+        if dtype != tf.string:
+            raise type_error()
+        if not _is_b64(value):
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"JSON Value: {_debug(value)} not formatted correctly for base64 data",
+            )
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except ValueError:
+            raise PredictError("INVALID_ARGUMENT", "Unable to base64 decode") from None
     if dtype == tf.string:
-        array = np.array(converted, dtype=object)
-        if array.ndim == 0 or (array.size == 0 and array.ndim == 1):
-            array = np.array(converted, dtype=object).reshape(np.shape(converted))
+        if not isinstance(value, str):
+            raise type_error()
+        return value.encode("utf-8")
+    if dtype == tf.bool:
+        if not isinstance(value, bool):
+            raise type_error()
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error()
+    return value
+
+
+def _tensor_from_json(column, dtype):
+    values, shape = column
+    array = np.empty(len(values), dtype=object if dtype == tf.string else None)
+    if dtype == tf.string:
+        array[:] = values
     else:
-        array = np.array(converted, dtype=dtype.as_numpy_dtype)
-    return tf.make_tensor_proto(array, dtype=dtype)
+        array = np.array(values, dtype=dtype.as_numpy_dtype)
+    return tf.make_tensor_proto(array.reshape(shape), dtype=dtype)
 
 
 def format_float(value, dtype=np.float32) -> str:

@@ -42,3 +42,65 @@ def small_tokenizer(english_sentences, tmp_path_factory):
         lowercase=True,
     )
     return SubwordTokenizer(path)
+
+
+# One small export per task, shared by the tests of what surrounds the
+# SavedModel (warmup, batching, the REST and gRPC examples).
+
+
+@pytest.fixture(scope="session")
+def small_sentiment_export(small_tokenizer, tmp_path_factory):
+    from keras_attn.export import export_sentiment
+    from keras_attn.models import sentiment_classifier
+
+    model = sentiment_classifier(
+        small_tokenizer.vocabulary_size,
+        12,
+        embedding_dim=16,
+        num_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+        pooling="attention",
+    )
+    base = tmp_path_factory.mktemp("sentiment_export")
+    return export_sentiment(model, small_tokenizer, base, max_length=12)
+
+
+@pytest.fixture(scope="session")
+def small_translator_export(small_tokenizer, tmp_path_factory):
+    from keras_attn.export import export_translator
+    from keras_attn.models import transformer_translator
+
+    vocabulary = small_tokenizer.vocabulary_size
+    model = transformer_translator(
+        vocabulary,
+        vocabulary,
+        sequence_length=11,
+        embedding_dim=16,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+        shared_vocabulary=True,
+    )
+    base = tmp_path_factory.mktemp("translator_export")
+    return export_translator(
+        model, small_tokenizer, small_tokenizer, base, max_length=10, beam_width=2
+    )
+
+
+@pytest.fixture(scope="session")
+def small_language_model_export(small_tokenizer, tmp_path_factory):
+    from keras_attn.export import export_language_model
+    from keras_attn.models import transformer_language_model
+
+    model = transformer_language_model(
+        small_tokenizer.vocabulary_size,
+        sequence_length=16,
+        embedding_dim=16,
+        num_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+    )
+    base = tmp_path_factory.mktemp("language_model_export")
+    return export_language_model(model, small_tokenizer, base, max_new_tokens=6)
