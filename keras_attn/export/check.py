@@ -529,12 +529,12 @@ def _check_examples(examples) -> list:
 
 def _json_number(value):
     """Floats with the digits TF Serving writes for a float32."""
-    from keras_attn.export.predict_protocol import _Raw, format_float
+    from keras_attn.export.predict_protocol import JsonNumber, format_float
 
     if isinstance(value, list):
         return [_json_number(v) for v in value]
     if isinstance(value, float):
-        return _Raw(value, format_float(value))
+        return JsonNumber(value, format_float(value))
     return value
 
 

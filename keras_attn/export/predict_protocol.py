@@ -458,8 +458,8 @@ def format_float(value, dtype=np.float32) -> str:
     return text
 
 
-class _Raw(float):
-    """A JSON number written with the server's digits."""
+class JsonNumber(float):
+    """A float that `dumps` writes as `text` (the server's digits)."""
 
     def __new__(cls, value, text):
         number = super().__new__(cls, value)
@@ -479,7 +479,7 @@ def _json_values(value: np.ndarray, as_bytes: bool):
             for v in value.reshape(-1)
         ]
     elif value.dtype.kind == "f":
-        flat = [_Raw(v, format_float(v, value.dtype.type)) for v in value.reshape(-1)]
+        flat = [JsonNumber(v, format_float(v, value.dtype.type)) for v in value.reshape(-1)]
     elif value.dtype.kind == "b":
         flat = [bool(v) for v in value.reshape(-1)]
     else:
@@ -547,7 +547,7 @@ def dumps(body) -> str:
     """`json.dumps` writing floats with the server's digits."""
 
     def encode(value):
-        if isinstance(value, _Raw):
+        if isinstance(value, JsonNumber):
             return value.text
         if isinstance(value, dict):
             items = ", ".join(

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from keras_attn.export import check_servable, export_sentiment
 from keras_attn.models import sentiment_classifier
-from tests.export.conftest import nasty_batch
+from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 
 pytestmark = pytest.mark.tf_only
 
@@ -90,6 +90,16 @@ def test_bad_input_on_the_export(exported):
     assert empty["label"].shape == (0,)
     big = serve(text=tf.constant(["good film"] * 256))
     assert big["positive_probability"].shape == (256,)
+
+
+def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported):
+    from keras_attn.export.serving import StandInServer
+
+    _, _, _, path = exported
+    with StandInServer(path) as server:
+        assert_bad_requests_leave_no_trace(
+            server, "serving_default", "text", ["the plot is thin", "a witty film"]
+        )
 
 
 def test_cli_check(exported):
