@@ -479,7 +479,9 @@ def _json_values(value: np.ndarray, as_bytes: bool):
             for v in value.reshape(-1)
         ]
     elif value.dtype.kind == "f":
-        flat = [JsonNumber(v, format_float(v, value.dtype.type)) for v in value.reshape(-1)]
+        flat = [
+            JsonNumber(v, format_float(v, value.dtype.type)) for v in value.reshape(-1)
+        ]
     elif value.dtype.kind == "b":
         flat = [bool(v) for v in value.reshape(-1)]
     else:

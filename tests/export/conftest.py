@@ -142,6 +142,7 @@ def small_translator_export(small_tokenizer, tmp_path_factory):
 def small_language_model_export(small_tokenizer, tmp_path_factory):
     from keras_attn.export import export_language_model
     from keras_attn.models import transformer_language_model
+    from keras_attn.ops import ContinuousCache
 
     model = transformer_language_model(
         small_tokenizer.vocabulary_size,
@@ -152,4 +153,11 @@ def small_language_model_export(small_tokenizer, tmp_path_factory):
         intermediate_dim=32,
     )
     base = tmp_path_factory.mktemp("language_model_export")
-    return export_language_model(model, small_tokenizer, base, max_new_tokens=6)
+    # With a continuous cache, as examples/language_model.py exports by default.
+    return export_language_model(
+        model,
+        small_tokenizer,
+        base,
+        max_new_tokens=6,
+        continuous_cache=ContinuousCache(theta=0.5, lam=0.3),
+    )
