@@ -40,7 +40,7 @@ demo: $(STAMP)
 # The servability check of every export of `make demo` (the highest version of
 # each model) in the runtime of the newest TF Serving release and the one
 # before (keras_attn/export/releases.py; each runtime is a venv built on first
-# use under ~/.cache/keras_attn/serving, about 1.5 GB). Fails if any export is
+# use under ~/.cache/keras_attn/serving: a TensorFlow installation). Fails if any export is
 # not servable; one that could not be fully verified (exit status 3, see
 # docs/SERVING.md) is reported without failing.
 DEMO_EXPORTS ?= artifacts/demo/export

@@ -111,8 +111,9 @@ def smoke_export(task: str, root: Path) -> Path:
     return out / "export" / task
 
 
-def run_export(task: str, run: Path, root: Path) -> Path:
-    """Export a trained run of translate.py or sentiment.py, with its defaults."""
+def run_export(task: str, run: Path, root: Path, beam_width: int = 4) -> Path:
+    """Export a trained run of translate.py or sentiment.py, with its defaults
+    (the translator with `beam_width`)."""
     import keras
 
     from keras_attn.export import export_sentiment, export_translator
@@ -131,7 +132,15 @@ def run_export(task: str, run: Path, root: Path) -> Path:
             if checkpoint
             else target
         )
-        return export_translator(model, source, target, root, max_length=40)
+        return export_translator(
+            model,
+            source,
+            target,
+            root,
+            model_name=f"translator_{beam_width}",
+            max_length=40,
+            beam_width=beam_width,
+        )
     tokenizer = (
         checkpoint.tokenizer(max_length=config["max_length"])
         if checkpoint
@@ -286,14 +295,17 @@ def main():
             if export is None:
                 export = smoke_export(task, root)
             server = StandInServer(export)
-            for size in (1, 16):
-                sequential_rows.append(
-                    (
-                        task,
-                        size,
-                        *sequential(server, task, texts[task], size, args.calls),
-                    )
-                )
+            variants = [(task, server)]
+            if task == "translator" and run is not None:  # and its greedy export
+                greedy = run_export(task, Path(run), root / "runs", beam_width=1)
+                variants = [
+                    ("translator, beam 4", server),
+                    ("translator, greedy", StandInServer(greedy)),
+                ]
+            for name, variant in variants:
+                for size in (1, 16):
+                    timing = sequential(variant, task, texts[task], size, args.calls)
+                    sequential_rows.append((name, size, *timing))
             # The answers to each request sent alone, before any load.
             expected = {
                 size: [

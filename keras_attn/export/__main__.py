@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         choices=[release.version for release in SERVING_RELEASES],
         help="check in the runtime of this TF Serving release: its TensorFlow "
         "and TensorFlow Text, in a virtual environment built on first use under "
-        "the cache directory (minutes, about 2 GB, needs PyPI); one of "
+        "the cache directory (a TensorFlow installation, from PyPI); one of "
         + ", ".join(release.version for release in SERVING_RELEASES),
     )
     args = parser.parse_args(argv)

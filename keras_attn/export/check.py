@@ -396,7 +396,8 @@ def check_servable(
     `serving_release` (e.g. `"2.20.0"`, see `keras_attn.export.releases`):
     run the check in a virtual environment holding that TF Serving release's
     TensorFlow and TensorFlow Text (built on first use under the cache
-    directory: minutes, about 2 GB, needs PyPI) instead of this process's.
+    directory: a TensorFlow installation, from PyPI) instead of this
+    process's.
     Where the release's TensorFlow Text cannot be loaded there (the 2.18 and
     2.19 releases link 2.12.1), its ops are matched by name against that
     release's op libraries, and the kernels are those of the TensorFlow Text

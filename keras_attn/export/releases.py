@@ -210,7 +210,7 @@ def serving_runtime(
         installer: `installer(release, directory)` doing the build (tests
             replace it); default `install_runtime`.
 
-    Building needs PyPI and takes minutes and about 2 GB: TensorFlow's
+    Building needs PyPI and installs TensorFlow's
     wheel, its dependencies and TensorFlow Text's wheel(s). Concurrent
     callers (threads or processes) serialise on a lock file; the second one
     reuses the first one's runtime.

@@ -104,14 +104,15 @@ def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported):
 
 def test_cli_check(exported):
     _, _, _, path = exported
-    result = subprocess.run(
-        [sys.executable, "-m", "keras_attn.export", "check", str(path)],
+    result = subprocess.run(  # the model directory: its highest version
+        [sys.executable, "-m", "keras_attn.export", "check", str(path.parent)],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "SERVABLE" in result.stdout and "serving_default" in result.stdout
+    assert f"SERVABLE: {path.parent}/" in result.stdout
+    assert "serving_default" in result.stdout and "serve-tag load" in result.stdout
 
 
 def test_check_fails_when_the_export_disagrees_with_the_model(exported, tmp_path):

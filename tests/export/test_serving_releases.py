@@ -1,6 +1,6 @@
 """Each example's `--smoke` export, checked in the runtime of the newest TF
 Serving release and the one before (large: builds each runtime on first use,
-minutes and about 1.5 GB each, and needs PyPI).
+a TensorFlow installation each, from PyPI).
 
 This checks the exports themselves in the TensorFlow and TensorFlow Text of
 those releases (`keras_attn.export.releases`): their ops, both loaders, every
