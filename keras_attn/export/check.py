@@ -245,13 +245,15 @@ class ServabilityReport:
 
     `ok` is True when every check ran and passed; `problems` lists what
     failed, `unverified` what could not be run in the runtime checked (the
-    export may still be servable: see the message).
+    export may still be servable: see the message), `notes` what a TF Serving
+    operator would miss without failing (an export without warmup requests).
     """
 
     path: str
     ok: bool
     problems: list = field(default_factory=list)
     unverified: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
     signatures: list = field(default_factory=list)
     num_ops: int = 0
     text_ops: list = field(default_factory=list)
@@ -302,6 +304,7 @@ class ServabilityReport:
             )
         lines += [f"problem: {p}" for p in self.problems]
         lines += [f"not verified: {p}" for p in self.unverified]
+        lines += [f"note: {p}" for p in self.notes]
         if self.rest_examples:
             lines.append(
                 "REST requests and the responses TF Serving returns for them "
@@ -507,9 +510,10 @@ def check_servable(
         report.problems += _non_finite(checked["tf1"], metadata["samples"])
         report.problems += [f"warmup: {e}" for e in report.warmup["errors"]]
         if not report.warmup["records"]:
-            report.problems.append(
-                "warmup: no assets.extra/tf_serving_warmup_requests (TF Serving "
-                "then answers the first requests slowly)"
+            report.notes.append(
+                "no warmup requests (assets.extra/tf_serving_warmup_requests): TF "
+                "Serving then answers the first requests slowly; exports written "
+                "by this version of keras_attn have them"
             )
         if examples is not None:
             report.rest_examples = rest_examples(

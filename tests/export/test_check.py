@@ -101,12 +101,12 @@ def test_a_warmup_request_the_server_would_fail_on_fails_the_check(
         "warmup: record 1 (serving_default): INVALID_ARGUMENT: Signature input "
         "alias: text(feed name: serving_default_text:0) not found in request"
     )
+    # No warmup file (an export written before keras_attn wrote them): TF
+    # Serving serves it, the report says what is missing.
     (copy / "assets.extra" / WARMUP_FILE).unlink()
     report = check_servable(copy, verbose=False)
-    assert report.problems == [
-        "warmup: no assets.extra/tf_serving_warmup_requests (TF Serving then "
-        "answers the first requests slowly)"
-    ]
+    assert report.ok, str(report)
+    assert report.notes[0].startswith("no warmup requests")
 
 
 def test_warmup_files_hold_at_most_what_the_server_reads(tmp_path):
