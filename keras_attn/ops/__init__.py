@@ -16,6 +16,7 @@ from keras_attn.ops.masks import (
     padding_mask,
     padding_mask_from_lengths,
 )
+from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
 from keras_attn.ops.nearest_neighbors import (
     knn_mixture_log_probs,
     knn_probabilities,
@@ -52,6 +53,7 @@ __all__ = [
     "knn_probabilities",
     "knn_weights",
     "masked_softmax",
+    "memory_efficient_attention",
     "nearest_neighbors",
     "padding_mask",
     "padding_mask_from_lengths",

@@ -1,0 +1,723 @@
+"""Memory-efficient attention: query blocks × key blocks, no `(Tq, Tk)` tensor.
+
+`softmax(q kᵀ · scale) v` computed a block of queries against a block of keys
+at a time, with a running float32 maximum and normaliser per query row
+(Rabe & Staats 2021, "Self-attention does not need O(n²) memory"; Dao et al.
+2022, FlashAttention). The backward pass is a custom gradient that recomputes
+each block's weights from the saved per-row log-normaliser instead of keeping
+them, so memory grows linearly with the sequence lengths in both passes.
+
+The masks arrive as their components (key padding, query padding, causal with
+an offset, and an optional explicit mask that is read block by block), so no
+`(B, N, Tq, Tk)` mask is materialised either. Written with `keras.ops` only
+(`ops.map` over one axis of blocks, `ops.fori_loop` over the other,
+`ops.custom_gradient`), it runs on every backend; on TensorFlow the graph
+holds no `Xla*` op, so a SavedModel that uses it loads with TensorFlow alone.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attn import _validation as v
+from keras_attn.ops.softmax import MASK_VALUE
+
+# Indicative defaults, measured on a 2-core CPU (see docs/LONG_SEQUENCES.md).
+DEFAULT_QUERY_BLOCK_SIZE = 512
+DEFAULT_KEY_BLOCK_SIZE = 512
+
+_GOLDEN = 0x9E3779B9  # 2**32 / golden ratio, a Weyl-sequence increment
+
+
+def memory_efficient_attention(
+    query,
+    key,
+    value,
+    *,
+    key_padding_mask=None,
+    query_padding_mask=None,
+    attention_mask=None,
+    causal: bool = False,
+    causal_offset=0,
+    scale=None,
+    query_block_size: int = DEFAULT_QUERY_BLOCK_SIZE,
+    key_block_size: int = DEFAULT_KEY_BLOCK_SIZE,
+    dropout_rate: float = 0.0,
+    training: bool = False,
+    seed_generator=None,
+):
+    """Scaled dot-product attention in blocks, in memory linear in the lengths.
+
+    Computes what `keras_attn.ops.dot_product_attention` computes with the
+    combined mask (outputs and gradients agree to float32 round-off), without
+    ever building a `(Tq, Tk)` tensor: queries are taken `query_block_size`
+    at a time against `key_block_size` keys at a time, with a running float32
+    maximum and normaliser per query row (Rabe & Staats 2021; Dao et al.
+    2022). The gradient recomputes each block from the saved log-normaliser
+    (a custom gradient on every backend), so training needs no `(Tq, Tk)`
+    memory either. Blocks that the causal mask hides entirely are skipped.
+
+    The logits, the softmax and the accumulation are float32 whatever the
+    input dtype; the output is cast to the dtype of `value`. A query row whose
+    keys are all masked gets a zero output (and zero gradients).
+
+    Masks are given as components and combined with a logical AND; `True`
+    means "attend":
+
+    - `key_padding_mask` `(B, Tk)`: keys that exist;
+    - `query_padding_mask` `(B, Tq)`: queries that exist (the others get
+      zero outputs);
+    - `attention_mask` `(Tq, Tk)`, `(B|1, Tq, Tk)` or `(B|1, N|1, Tq, Tk)`: an
+      explicit mask, read block by block (it is `O(Tq·Tk)` itself, so pass the
+      components above where they suffice);
+    - `causal=True`: query `i` sees key `j` when `j <= i + causal_offset`
+      (`causal_offset` is the position of the first query among the keys, as
+      in cached decoding; an int or a scalar tensor).
+
+    Dropout on the weights is applied when `training` and `dropout_rate > 0`:
+    each weight is kept with probability `1 - dropout_rate` and scaled by
+    `1 / (1 - dropout_rate)`, as `keras.random.dropout` does, from a
+    counter-based hash of the seed drawn from `seed_generator` and the
+    weight's position, so the backward pass regenerates the same keep mask
+    block by block. The draw is not the one the explicit path makes with the
+    same seed; its distribution is.
+
+    Args:
+        query: `(B, Tq, N, H)`.
+        key: `(B, Tk, N, H)`.
+        value: `(B, Tk, N, Hv)`.
+        key_padding_mask: optional boolean (or 0/1) `(B, Tk)`.
+        query_padding_mask: optional boolean (or 0/1) `(B, Tq)`.
+        attention_mask: optional boolean (or 0/1) mask, shapes above.
+        causal: whether to apply the causal mask.
+        causal_offset: int or scalar int tensor; only used with `causal`.
+        scale: multiplier of the logits; `1/sqrt(H)` by default.
+        query_block_size: queries per block (positive int).
+        key_block_size: keys per block (positive int).
+        dropout_rate: float in [0, 1).
+        training: whether dropout is active.
+        seed_generator: a `keras.random.SeedGenerator` for the dropout (the
+            global one when `None`, outside a traced function only).
+
+    Returns:
+        `(B, Tq, N, Hv)` in the dtype of `value`.
+
+    Example:
+
+    ```python
+    import numpy as np
+    from keras_attn.ops import memory_efficient_attention
+
+    x = np.random.default_rng(0).normal(size=(1, 1000, 4, 16)).astype("float32")
+    out = memory_efficient_attention(x, x, x, causal=True, query_block_size=256)
+    out.shape  # (1, 1000, 4, 16)
+    ```
+    """
+    query = ops.convert_to_tensor(query)
+    key = ops.convert_to_tensor(key)
+    value = ops.convert_to_tensor(value)
+    _check_inputs(query, key, value)
+    query_block_size = v.check_positive_int("query_block_size", query_block_size)
+    key_block_size = v.check_positive_int("key_block_size", key_block_size)
+    dropout_rate = v.check_rate("dropout_rate", dropout_rate)
+    if not isinstance(causal, bool):
+        raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
+    if isinstance(causal_offset, bool) or (
+        isinstance(causal_offset, numbers.Number)
+        and not isinstance(causal_offset, numbers.Integral)
+    ):
+        raise ValueError(
+            "`causal_offset` must be an int or a scalar int tensor. "
+            f"Received: causal_offset={causal_offset!r}"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    elif isinstance(scale, numbers.Real):
+        scale = v.check_positive_float("scale", scale)
+
+    batch, query_length = _dim(query, 0), _dim(query, 1)
+    key_length = _dim(key, 1)
+    plan = _Plan(query_length, key_length, query_block_size, key_block_size)
+    masks = _Masks(
+        plan,
+        batch,
+        query.shape[2],
+        key_padding_mask=_boolean_mask(
+            "key_padding_mask", key_padding_mask, (key.shape[0], key.shape[1])
+        ),
+        query_padding_mask=_boolean_mask(
+            "query_padding_mask", query_padding_mask, (query.shape[0], query.shape[1])
+        ),
+        attention_mask=_explicit_mask(attention_mask, query, key),
+        causal=causal,
+        causal_offset=ops.cast(causal_offset, "int32") if causal else None,
+    )
+    dropout = None
+    if training and dropout_rate > 0.0:
+        dropout = _Dropout(dropout_rate, seed_generator, plan)
+
+    @ops.custom_gradient
+    def attend(query, key, value):
+        # float32 blocks, kept for the backward pass: O(T·H) each.
+        query_blocks = _to_blocks(
+            ops.multiply(ops.cast(query, "float32"), ops.cast(scale, "float32")),
+            plan.query_length,
+            plan.query_block,
+            plan.num_query_blocks,
+        )  # (nq, B, N, bq, H), scaled
+        key_blocks = _to_blocks(
+            ops.cast(key, "float32"), plan.key_length, plan.key_block, plan.num_key_blocks
+        )  # (nk, B, N, bk, H)
+        value_blocks = _to_blocks(
+            ops.cast(value, "float32"),
+            plan.key_length,
+            plan.key_block,
+            plan.num_key_blocks,
+        )  # (nk, B, N, bk, Hv)
+        output_blocks, log_normaliser = _forward(
+            query_blocks, key_blocks, value_blocks, plan, masks, dropout
+        )  # (nq, B, N, bq, Hv), (nq, B, N, bq, 1)
+        outputs = ops.cast(
+            _from_blocks(output_blocks, plan.query_length), value.dtype
+        )  # (B, Tq, N, Hv)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            upstream_blocks = _to_blocks(
+                ops.cast(upstream, "float32"),
+                plan.query_length,
+                plan.query_block,
+                plan.num_query_blocks,
+            )  # (nq, B, N, bq, Hv)
+            # Δ_i = Σ_d dO_id · O_id, the softmax-gradient correction per row.
+            delta = ops.sum(
+                ops.multiply(upstream_blocks, output_blocks), axis=-1, keepdims=True
+            )  # (nq, B, N, bq, 1)
+            saved = (query_blocks, upstream_blocks, log_normaliser, delta)
+            d_query = _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout)
+            d_key, d_value = _backward_key_value(
+                saved, key_blocks, value_blocks, plan, masks, dropout
+            )
+            d_query = ops.multiply(
+                _from_blocks(d_query, plan.query_length), ops.cast(scale, "float32")
+            )  # (B, Tq, N, H)
+            return (
+                ops.cast(d_query, query.dtype),
+                ops.cast(_from_blocks(d_key, plan.key_length), key.dtype),
+                ops.cast(_from_blocks(d_value, plan.key_length), value.dtype),
+            )
+
+        return outputs, grad
+
+    return attend(query, key, value)
+
+
+# -- arguments ----------------------------------------------------------------
+
+
+def _check_inputs(query, key, value):
+    tensors = {"query": query, "key": key, "value": value}
+    for name, tensor in tensors.items():
+        if len(tensor.shape) != 4:
+            raise ValueError(
+                f"`{name}` must have shape (batch, length, heads, head_dim). "
+                f"Received: {name}.shape={tuple(tensor.shape)}"
+            )
+        if not keras.backend.is_float_dtype(tensor.dtype):
+            raise ValueError(
+                f"`{name}` must be a float tensor. Received: {name}.dtype={tensor.dtype}"
+            )
+    # (name, other, axis, what): sizes that must agree where both are known.
+    checks = (
+        ("key", "query", 0, "batch size"),
+        ("value", "query", 0, "batch size"),
+        ("key", "query", 2, "number of heads"),
+        ("value", "query", 2, "number of heads"),
+        ("key", "query", 3, "head size"),
+        ("value", "key", 1, "length"),
+    )
+    for name, other, axis, what in checks:
+        size, other_size = tensors[name].shape[axis], tensors[other].shape[axis]
+        if size is not None and other_size is not None and size != other_size:
+            raise ValueError(
+                f"`{name}` and `{other}` must have the same {what}. Received: "
+                f"{name}.shape={tuple(tensors[name].shape)}, "
+                f"{other}.shape={tuple(tensors[other].shape)}"
+            )
+
+
+def _boolean_mask(name, mask, expected_shape):
+    """A `(B, T)` padding mask as bool, its static shape checked."""
+    if mask is None:
+        return None
+    mask = ops.convert_to_tensor(mask)
+    shape = tuple(mask.shape)
+    if len(shape) != 2 or any(
+        got is not None and want is not None and got != want
+        for got, want in zip(shape, expected_shape, strict=True)
+    ):
+        raise ValueError(
+            f"`{name}` must have shape {tuple(expected_shape)} (batch, length). "
+            f"Received: {name}.shape={shape}"
+        )
+    return mask if mask.dtype == "bool" else ops.not_equal(mask, 0)
+
+
+def _explicit_mask(mask, query, key):
+    """The explicit mask as `(B|1, N|1, Tq, Tk)` bool."""
+    if mask is None:
+        return None
+    mask = ops.convert_to_tensor(mask)
+    shape = tuple(mask.shape)
+    if len(shape) == 2:
+        mask = mask[None, None]
+    elif len(shape) == 3:
+        mask = mask[:, None]
+    shape4 = tuple(mask.shape)
+    expected = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+    valid = len(shape) in (2, 3, 4) and all(
+        got is None or want is None or got == want or (axis < 2 and got == 1)
+        for axis, (got, want) in enumerate(zip(shape4, expected, strict=True))
+    )
+    if not valid:
+        raise ValueError(
+            "`attention_mask` must have shape (Tq, Tk), (batch|1, Tq, Tk) or "
+            f"(batch|1, heads|1, Tq, Tk) with Tq={query.shape[1]} and "
+            f"Tk={key.shape[1]}. Received: attention_mask.shape={shape}"
+        )
+    return mask if mask.dtype == "bool" else ops.not_equal(mask, 0)
+
+
+# -- block layout ---------------------------------------------------------------
+
+
+def _dim(x, axis):
+    """Static size of `x`'s axis when known, else a scalar tensor."""
+    size = x.shape[axis]
+    return size if size is not None else ops.shape(x)[axis]
+
+
+def _ceil_div(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return ops.floor_divide(a + b - 1, b)
+
+
+class _Plan:
+    """Block sizes and counts; ints when the lengths are static, else tensors."""
+
+    def __init__(self, query_length, key_length, query_block_size, key_block_size):
+        self.query_length, self.key_length = query_length, key_length
+        self.query_block = _block_size(query_length, query_block_size)
+        self.key_block = _block_size(key_length, key_block_size)
+        self.num_query_blocks = _ceil_div(query_length, self.query_block)
+        self.num_key_blocks = _ceil_div(key_length, self.key_block)
+        self.padded_query_length = self.num_query_blocks * self.query_block
+        self.padded_key_length = self.num_key_blocks * self.key_block
+        # Keys past key_length exist only as padding: they must be masked.
+        self.keys_padded = not (
+            isinstance(self.padded_key_length, int)
+            and isinstance(key_length, int)
+            and self.padded_key_length == key_length
+        )
+
+
+def _block_size(length, block_size):
+    """`min(length, block_size)`, at least 1 (no padding past a short length)."""
+    if isinstance(length, int):
+        return max(1, min(length, block_size))
+    return ops.maximum(ops.minimum(ops.cast(length, "int32"), block_size), 1)
+
+
+def _to_blocks(x, length, block, num_blocks):
+    """`(B, T, N, H) -> (n, B, N, b, H)`, zero-padded to `n·b` positions."""
+    batch, heads, width = _dim(x, 0), _dim(x, 2), _dim(x, 3)
+    x = ops.pad(x, [[0, 0], [0, num_blocks * block - length], [0, 0], [0, 0]])
+    x = ops.reshape(x, (batch, num_blocks, block, heads, width))  # (B, n, b, N, H)
+    return ops.transpose(x, (1, 0, 3, 2, 4))  # (n, B, N, b, H)
+
+
+def _from_blocks(x, length):
+    """`(n, B, N, b, H) -> (B, T, N, H)`, the padding cut off."""
+    num_blocks, batch, heads, block, width = (_dim(x, axis) for axis in range(5))
+    x = ops.transpose(x, (1, 0, 3, 2, 4))  # (B, n, b, N, H)
+    x = ops.reshape(x, (batch, num_blocks * block, heads, width))  # (B, n·b, N, H)
+    return x[:, :length]
+
+
+def _flags_to_blocks(mask, padded_length, block, num_blocks):
+    """`(B, T)` bool -> `(n, B, b)`, padded with `False`."""
+    batch = _dim(mask, 0)
+    mask = ops.pad(mask, [[0, 0], [0, padded_length - _dim(mask, 1)]])
+    mask = ops.reshape(mask, (batch, num_blocks, block))  # (B, n, b)
+    return ops.transpose(mask, (1, 0, 2))  # (n, B, b)
+
+
+class _Masks:
+    """The mask components, laid out for reading one block pair at a time."""
+
+    def __init__(
+        self,
+        plan,
+        batch,
+        heads,
+        key_padding_mask,
+        query_padding_mask,
+        attention_mask,
+        causal,
+        causal_offset,
+    ):
+        self.plan = plan
+        self.causal, self.causal_offset = causal, causal_offset
+        key_valid = key_padding_mask
+        if key_valid is None and plan.keys_padded:
+            key_valid = ops.ones((1, plan.key_length), "bool")  # (1, Tk)
+        self.key_blocks = (
+            None
+            if key_valid is None
+            else _flags_to_blocks(
+                key_valid, plan.padded_key_length, plan.key_block, plan.num_key_blocks
+            )
+        )  # (nk, B|1, bk)
+        self.query_blocks = (
+            None
+            if query_padding_mask is None
+            else _flags_to_blocks(
+                query_padding_mask,
+                plan.padded_query_length,
+                plan.query_block,
+                plan.num_query_blocks,
+            )
+        )  # (nq, B, bq)
+        self.explicit = None
+        if attention_mask is not None:
+            self.explicit = ops.pad(
+                attention_mask,
+                [
+                    [0, 0],
+                    [0, 0],
+                    [0, plan.padded_query_length - _dim(attention_mask, 2)],
+                    [0, plan.padded_key_length - _dim(attention_mask, 3)],
+                ],
+            )  # (B|1, N|1, Tq', Tk'), False in the padding
+            self.explicit_batch = _dim(attention_mask, 0)
+            self.explicit_heads = _dim(attention_mask, 1)
+
+    @property
+    def any(self):
+        return (
+            self.causal
+            or self.key_blocks is not None
+            or self.query_blocks is not None
+            or self.explicit is not None
+        )
+
+    def block(self, i, j, query_flags, key_flags):
+        """Boolean mask of block pair `(i, j)`, `(B|1, N|1, bq|1, bk|1)`, or None.
+
+        `query_flags` `(B, bq)` and `key_flags` `(B|1, bk)` are the padding
+        flags of the two blocks (or None).
+        """
+        plan = self.plan
+        mask = None
+        if key_flags is not None:
+            mask = key_flags[:, None, None, :]  # (B|1, 1, 1, bk)
+        if query_flags is not None:
+            rows = query_flags[:, None, :, None]  # (B, 1, bq, 1)
+            mask = rows if mask is None else ops.logical_and(mask, rows)
+        if self.causal:
+            query_positions = (
+                i * plan.query_block
+                + ops.arange(plan.query_block, dtype="int32")
+                + self.causal_offset
+            )  # (bq,)
+            key_positions = j * plan.key_block + ops.arange(
+                plan.key_block, dtype="int32"
+            )  # (bk,)
+            visible = ops.greater_equal(
+                query_positions[:, None], key_positions[None, :]
+            )[None, None]  # (1, 1, bq, bk)
+            mask = visible if mask is None else ops.logical_and(mask, visible)
+        if self.explicit is not None:
+            explicit = ops.slice(
+                self.explicit,
+                [0, 0, i * plan.query_block, j * plan.key_block],
+                [
+                    self.explicit_batch,
+                    self.explicit_heads,
+                    plan.query_block,
+                    plan.key_block,
+                ],
+            )  # (B|1, N|1, bq, bk)
+            mask = explicit if mask is None else ops.logical_and(mask, explicit)
+        return mask
+
+    def key_block_range(self, i):
+        """Key blocks `[0, end)` that query block `i` can see."""
+        plan = self.plan
+        if not self.causal:
+            return 0, plan.num_key_blocks
+        last_query = i * plan.query_block + plan.query_block - 1 + self.causal_offset
+        end = ops.floor_divide(last_query, plan.key_block) + 1
+        return 0, ops.clip(end, 0, plan.num_key_blocks)
+
+    def query_block_range(self, j):
+        """Query blocks `[start, nq)` that can see key block `j`."""
+        plan = self.plan
+        if not self.causal:
+            return 0, plan.num_query_blocks
+        start = ops.floor_divide(j * plan.key_block - self.causal_offset, plan.query_block)
+        return ops.clip(start, 0, plan.num_query_blocks), plan.num_query_blocks
+
+
+# -- dropout --------------------------------------------------------------------
+
+
+def _mix(x):
+    """A bijective 32-bit integer hash (Wellons' "lowbias32")."""
+
+    def shift_xor(x, bits):
+        return ops.bitwise_xor(x, ops.right_shift(x, _uint32(bits)))
+
+    x = shift_xor(x, 16)
+    x = ops.multiply(x, _uint32(0x7FEB352D))
+    x = shift_xor(x, 15)
+    x = ops.multiply(x, _uint32(0x846CA68B))
+    return shift_xor(x, 16)
+
+
+def _uint32(value):
+    return ops.convert_to_tensor(value, "uint32")
+
+
+class _Dropout:
+    """Keep masks that any pass can regenerate for any block pair.
+
+    The keep decision of weight `(b, n, q, k)` is a hash of a seed drawn once
+    per call, the row `(b, n, q)` and the key `k`: uniform 32-bit values
+    compared with `rate · 2³²`.
+    """
+
+    def __init__(self, rate, seed_generator, plan):
+        self.rate, self.plan = rate, plan
+        seed = keras.random.randint((), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
+        self.seed = _mix(ops.cast(seed, "uint32"))
+        self.threshold = _uint32(min(int(round(rate * 2**32)), 2**32 - 1))
+
+    def scale(self, i, j, batch, heads):
+        """Dropout factors of block pair `(i, j)`: `(B, N, bq, bk)` float32 of
+        0 or `1 / (1 - rate)`."""
+        plan = self.plan
+        rows = ops.cast(
+            ops.reshape(ops.arange(batch * heads, dtype="int32"), (batch, heads, 1, 1)),
+            "uint32",
+        ) * ops.cast(plan.padded_query_length, "uint32") + ops.cast(
+            i * plan.query_block
+            + ops.reshape(ops.arange(plan.query_block, dtype="int32"), (1, 1, -1, 1)),
+            "uint32",
+        )  # (B, N, bq, 1): the row's index among all rows
+        row_hash = _mix(ops.bitwise_xor(rows, self.seed))
+        keys = ops.cast(
+            j * plan.key_block + ops.arange(plan.key_block, dtype="int32"), "uint32"
+        )  # (bk,)
+        bits = _mix(ops.add(row_hash, ops.multiply(keys, _uint32(_GOLDEN))))
+        keep = ops.greater_equal(bits, self.threshold)  # (B, N, bq, bk)
+        return ops.multiply(ops.cast(keep, "float32"), 1.0 / (1.0 - self.rate))
+
+
+# -- the passes -------------------------------------------------------------------
+
+
+def _logits_and_mask(query_block, key_block, i, j, masks, query_flags, key_flags):
+    """Masked float32 logits `(B, N, bq, bk)` and the block's mask (or None)."""
+    logits = ops.matmul(query_block, ops.transpose(key_block, (0, 1, 3, 2)))
+    mask = masks.block(i, j, query_flags, key_flags) if masks.any else None
+    if mask is not None:
+        logits = ops.where(mask, logits, MASK_VALUE)
+    return logits, mask
+
+
+def _take(blocks, index):
+    return None if blocks is None else ops.take(blocks, index, axis=0)
+
+
+def _forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
+    """Outputs `(nq, B, N, bq, Hv)` and log-normalisers `(nq, B, N, bq, 1)`."""
+    batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
+
+    def query_block(elements):
+        query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
+        query_flags = _real_flags(query_flags, masks.query_blocks)
+        rows = (batch, heads, plan.query_block, 1)
+
+        def key_step(j, carry):
+            maximum, normaliser, accumulated = carry
+            logits, mask = _logits_and_mask(
+                query,
+                ops.take(key_blocks, j, axis=0),
+                i,
+                j,
+                masks,
+                query_flags,
+                _take(masks.key_blocks, j),
+            )  # (B, N, bq, bk)
+            new_maximum = ops.maximum(maximum, ops.max(logits, axis=-1, keepdims=True))
+            weights = ops.exp(logits - new_maximum)  # unnormalised, (B, N, bq, bk)
+            if mask is not None:
+                weights = ops.multiply(weights, ops.cast(mask, "float32"))
+            correction = ops.exp(maximum - new_maximum)  # (B, N, bq, 1)
+            normaliser = normaliser * correction + ops.sum(
+                weights, axis=-1, keepdims=True
+            )
+            if dropout is not None:
+                weights = weights * dropout.scale(i, j, batch, heads)
+            accumulated = accumulated * correction + ops.matmul(
+                weights, ops.take(value_blocks, j, axis=0)
+            )  # (B, N, bq, Hv)
+            return new_maximum, normaliser, accumulated
+
+        start, end = masks.key_block_range(i)
+        maximum, normaliser, accumulated = ops.fori_loop(
+            start,
+            end,
+            key_step,
+            (
+                ops.full(rows, MASK_VALUE, "float32"),
+                ops.zeros(rows, "float32"),
+                ops.zeros(
+                    (batch, heads, plan.query_block, _dim(value_blocks, 4)), "float32"
+                ),
+            ),
+        )
+        has_keys = ops.greater(normaliser, 0.0)  # (B, N, bq, 1)
+        safe = ops.where(has_keys, normaliser, 1.0)
+        outputs = ops.where(has_keys, accumulated / safe, 0.0)
+        log_normaliser = ops.where(has_keys, maximum + ops.log(safe), 0.0)
+        return outputs, log_normaliser
+
+    return ops.map(
+        query_block,
+        (query_blocks, _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+         ops.arange(plan.num_query_blocks, dtype="int32")),
+    )
+
+
+def _flags_or_dummy(flags, num_blocks):
+    """`ops.map` needs tensors: a `(n,)` stand-in when there are no flags."""
+    return ops.zeros((num_blocks,), "bool") if flags is None else flags
+
+
+def _real_flags(flags, masks_flags):
+    return None if masks_flags is None else flags
+
+
+def _block_weights(query, log_normaliser, key, i, j, masks, query_flags, key_flags):
+    """Recomputed normalised weights `(B, N, bq, bk)` float32 of block `(i, j)`."""
+    logits, mask = _logits_and_mask(query, key, i, j, masks, query_flags, key_flags)
+    weights = ops.exp(logits - log_normaliser)
+    if mask is not None:
+        weights = ops.multiply(weights, ops.cast(mask, "float32"))
+    return weights
+
+
+def _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
+    """`d logits/d (scaled query) · dO`: `(nq, B, N, bq, H)`."""
+    query_blocks, upstream_blocks, log_normaliser, delta = saved
+    batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
+
+    def query_block(elements):
+        query, upstream, row_log_normaliser, row_delta, query_flags, i = elements
+        query_flags = _real_flags(query_flags, masks.query_blocks)
+
+        def key_step(j, d_query):
+            key = ops.take(key_blocks, j, axis=0)  # (B, N, bk, H)
+            value = ops.take(value_blocks, j, axis=0)  # (B, N, bk, Hv)
+            weights = _block_weights(
+                query,
+                row_log_normaliser,
+                key,
+                i,
+                j,
+                masks,
+                query_flags,
+                _take(masks.key_blocks, j),
+            )
+            d_weights = ops.matmul(upstream, ops.transpose(value, (0, 1, 3, 2)))
+            if dropout is not None:
+                d_weights = d_weights * dropout.scale(i, j, batch, heads)
+            d_logits = weights * (d_weights - row_delta)  # (B, N, bq, bk)
+            return d_query + ops.matmul(d_logits, key)
+
+        start, end = masks.key_block_range(i)
+        return ops.fori_loop(start, end, key_step, ops.zeros_like(query))
+
+    return ops.map(
+        query_block,
+        (
+            query_blocks,
+            upstream_blocks,
+            log_normaliser,
+            delta,
+            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+            ops.arange(plan.num_query_blocks, dtype="int32"),
+        ),
+    )
+
+
+def _backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
+    """Gradients of the key and value blocks: `(nk, B, N, bk, H|Hv)` each."""
+    query_blocks, upstream_blocks, log_normaliser, delta = saved
+    batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
+
+    def key_block(elements):
+        key, value, key_flags, j = elements
+        key_flags = _real_flags(key_flags, masks.key_blocks)
+
+        def query_step(i, carry):
+            d_key, d_value = carry
+            query = ops.take(query_blocks, i, axis=0)  # (B, N, bq, H)
+            upstream = ops.take(upstream_blocks, i, axis=0)  # (B, N, bq, Hv)
+            weights = _block_weights(
+                query,
+                ops.take(log_normaliser, i, axis=0),
+                key,
+                i,
+                j,
+                masks,
+                _take(masks.query_blocks, i),
+                key_flags,
+            )  # (B, N, bq, bk)
+            d_weights = ops.matmul(upstream, ops.transpose(value, (0, 1, 3, 2)))
+            dropped = weights
+            if dropout is not None:
+                factors = dropout.scale(i, j, batch, heads)
+                dropped = weights * factors
+                d_weights = d_weights * factors
+            d_value = d_value + ops.matmul(
+                ops.transpose(dropped, (0, 1, 3, 2)), upstream
+            )  # (B, N, bk, Hv)
+            d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
+            d_key = d_key + ops.matmul(
+                ops.transpose(d_logits, (0, 1, 3, 2)), query
+            )  # (B, N, bk, H)
+            return d_key, d_value
+
+        start, end = masks.query_block_range(j)
+        return ops.fori_loop(
+            start, end, query_step, (ops.zeros_like(key), ops.zeros_like(value))
+        )
+
+    return ops.map(
+        key_block,
+        (
+            key_blocks,
+            value_blocks,
+            _flags_or_dummy(masks.key_blocks, plan.num_key_blocks),
+            ops.arange(plan.num_key_blocks, dtype="int32"),
+        ),
+    )
