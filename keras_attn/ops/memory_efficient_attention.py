@@ -24,7 +24,7 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.ops.softmax import MASK_VALUE
+from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
 
 # Indicative defaults, measured on a 2-core CPU (see docs/LONG_SEQUENCES.md).
 DEFAULT_QUERY_BLOCK_SIZE = 512
@@ -122,7 +122,9 @@ def memory_efficient_attention(
     value = ops.convert_to_tensor(value)
     _check_inputs(query, key, value)
     query_block_size = v.check_positive_int("query_block_size", query_block_size)
-    key_block_size = v.check_positive_int("key_block_size", key_block_size)
+    key_block_size = v.check_positive_int(
+        "key_block_size", key_block_size, allow_none=True
+    )
     dropout_rate = v.check_rate("dropout_rate", dropout_rate)
     if not isinstance(causal, bool):
         raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
@@ -178,9 +180,14 @@ def memory_efficient_attention(
             plan.key_block,
             plan.num_key_blocks,
         )  # (nk, B, N, bk, Hv)
-        output_blocks, log_normaliser = _forward(
-            query_blocks, key_blocks, value_blocks, plan, masks, dropout
-        )  # (nq, B, N, bq, Hv), (nq, B, N, bq, 1)
+        if plan.single_key_block:
+            output_blocks = _forward_single(
+                query_blocks, key_blocks[0], value_blocks[0], plan, masks, dropout
+            )  # (nq, B, N, bq, Hv)
+        else:
+            output_blocks, log_normaliser = _forward(
+                query_blocks, key_blocks, value_blocks, plan, masks, dropout
+            )  # (nq, B, N, bq, Hv), (nq, B, N, bq, 1)
         outputs = ops.cast(
             _from_blocks(output_blocks, plan.query_length), value.dtype
         )  # (B, Tq, N, Hv)
@@ -198,11 +205,24 @@ def memory_efficient_attention(
             delta = ops.sum(
                 ops.multiply(upstream_blocks, output_blocks), axis=-1, keepdims=True
             )  # (nq, B, N, bq, 1)
-            saved = (query_blocks, upstream_blocks, log_normaliser, delta)
-            d_query = _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout)
-            d_key, d_value = _backward_key_value(
-                saved, key_blocks, value_blocks, plan, masks, dropout
-            )
+            if plan.single_key_block:
+                d_query, d_key, d_value = _backward_single(
+                    (query_blocks, upstream_blocks, delta),
+                    key_blocks[0],
+                    value_blocks[0],
+                    plan,
+                    masks,
+                    dropout,
+                )  # (nq, B, N, bq, H), (B, N, Tk, H), (B, N, Tk, Hv)
+                d_key, d_value = d_key[None], d_value[None]
+            else:
+                saved = (query_blocks, upstream_blocks, log_normaliser, delta)
+                d_query = _backward_query(
+                    saved, key_blocks, value_blocks, plan, masks, dropout
+                )
+                d_key, d_value = _backward_key_value(
+                    saved, key_blocks, value_blocks, plan, masks, dropout
+                )
             d_query = ops.multiply(
                 _from_blocks(d_query, plan.query_length), ops.cast(scale, "float32")
             )  # (B, Tq, N, H)
@@ -314,9 +334,17 @@ class _Plan:
     def __init__(self, query_length, key_length, query_block_size, key_block_size):
         self.query_length, self.key_length = query_length, key_length
         self.query_block = _block_size(query_length, query_block_size)
-        self.key_block = _block_size(key_length, key_block_size)
         self.num_query_blocks = _ceil_div(query_length, self.query_block)
-        self.num_key_blocks = _ceil_div(key_length, self.key_block)
+        if key_block_size is None:
+            self.key_block, self.num_key_blocks = key_length, 1
+        else:
+            self.key_block = _block_size(key_length, key_block_size)
+            self.num_key_blocks = _ceil_div(key_length, self.key_block)
+        # One block of all the keys: a plain softmax per query block, and a
+        # backward pass that needs no second sweep.
+        self.single_key_block = (
+            isinstance(self.num_key_blocks, int) and self.num_key_blocks == 1
+        )
         self.padded_query_length = self.num_query_blocks * self.query_block
         self.padded_key_length = self.num_key_blocks * self.key_block
         # Keys past key_length exist only as padding: they must be masked.
@@ -531,80 +559,64 @@ class _Dropout:
 
 
 # -- the passes -------------------------------------------------------------------
+#
+# Layouts: `query_blocks` (nq, B, N, bq, H) holds the queries times the scale;
+# `key_blocks` (nk, B, N, bk, H), `value_blocks` (nk, B, N, bk, Hv); per-row
+# statistics are (…, bq, 1). Masked logits are set to MASK_VALUE, far enough
+# below any real logit that their exponentials underflow to exactly 0 once a
+# row has met a valid key; rows that never do are zeroed at the end.
 
 
-def _logits_and_mask(query_block, key_block, i, j, masks, query_flags, key_flags):
-    """Masked float32 logits `(B, N, bq, bk)` and the block's mask (or None)."""
-    logits = ops.matmul(query_block, ops.transpose(key_block, (0, 1, 3, 2)))
+def _masked_logits(query, key, i, j, masks, query_flags, key_flags):
+    """Logits `(B, N, bq, bk)` float32 of block pair `(i, j)`, masked entries
+    at MASK_VALUE, and the block's mask (or None)."""
+    logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
     mask = masks.block(i, j, query_flags, key_flags) if masks.any else None
     if mask is not None:
         logits = ops.where(mask, logits, MASK_VALUE)
     return logits, mask
 
 
+def _fori_loop(lower, upper, body, init):
+    """`ops.fori_loop` that runs one iteration at a time on every backend.
+
+    On TensorFlow, `keras.ops.fori_loop` is a `tf.while_loop` with its default
+    `parallel_iterations=10`: the block products of later iterations depend
+    only on the counter, so up to ten blocks' temporaries would be alive at
+    once (and ten times that with a loop inside a loop). There is no public
+    Keras argument for it, hence the TensorFlow call here.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.fori_loop(lower, upper, body, init)
+    import tensorflow as tf
+
+    return tf.while_loop(
+        lambda i, _: i < upper,
+        lambda i, carry: (i + 1, body(i, carry)),
+        (lower, init),
+        parallel_iterations=1,
+    )[1]
+
+
+def _map(f, xs, num_outputs: int = 1):
+    """`ops.map` that runs one element at a time on every backend.
+
+    On TensorFlow, `keras.ops.map` is a `tf.map_fn` with up to ten elements in
+    flight (and it calls `f` once more to learn the output signature): see
+    `_fori_loop`. `f` returns `num_outputs` float32 tensors (one tensor, or a
+    tuple of them).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.map(f, xs)
+    import tensorflow as tf
+
+    spec = tf.TensorSpec(None, "float32")
+    signature = spec if num_outputs == 1 else (spec,) * num_outputs
+    return tf.map_fn(f, xs, fn_output_signature=signature, parallel_iterations=1)
+
+
 def _take(blocks, index):
     return None if blocks is None else ops.take(blocks, index, axis=0)
-
-
-def _forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
-    """Outputs `(nq, B, N, bq, Hv)` and log-normalisers `(nq, B, N, bq, 1)`."""
-    batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
-
-    def query_block(elements):
-        query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
-        query_flags = _real_flags(query_flags, masks.query_blocks)
-        rows = (batch, heads, plan.query_block, 1)
-
-        def key_step(j, carry):
-            maximum, normaliser, accumulated = carry
-            logits, mask = _logits_and_mask(
-                query,
-                ops.take(key_blocks, j, axis=0),
-                i,
-                j,
-                masks,
-                query_flags,
-                _take(masks.key_blocks, j),
-            )  # (B, N, bq, bk)
-            new_maximum = ops.maximum(maximum, ops.max(logits, axis=-1, keepdims=True))
-            weights = ops.exp(logits - new_maximum)  # unnormalised, (B, N, bq, bk)
-            if mask is not None:
-                weights = ops.multiply(weights, ops.cast(mask, "float32"))
-            correction = ops.exp(maximum - new_maximum)  # (B, N, bq, 1)
-            normaliser = normaliser * correction + ops.sum(
-                weights, axis=-1, keepdims=True
-            )
-            if dropout is not None:
-                weights = weights * dropout.scale(i, j, batch, heads)
-            accumulated = accumulated * correction + ops.matmul(
-                weights, ops.take(value_blocks, j, axis=0)
-            )  # (B, N, bq, Hv)
-            return new_maximum, normaliser, accumulated
-
-        start, end = masks.key_block_range(i)
-        maximum, normaliser, accumulated = ops.fori_loop(
-            start,
-            end,
-            key_step,
-            (
-                ops.full(rows, MASK_VALUE, "float32"),
-                ops.zeros(rows, "float32"),
-                ops.zeros(
-                    (batch, heads, plan.query_block, _dim(value_blocks, 4)), "float32"
-                ),
-            ),
-        )
-        has_keys = ops.greater(normaliser, 0.0)  # (B, N, bq, 1)
-        safe = ops.where(has_keys, normaliser, 1.0)
-        outputs = ops.where(has_keys, accumulated / safe, 0.0)
-        log_normaliser = ops.where(has_keys, maximum + ops.log(safe), 0.0)
-        return outputs, log_normaliser
-
-    return ops.map(
-        query_block,
-        (query_blocks, _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
-         ops.arange(plan.num_query_blocks, dtype="int32")),
-    )
 
 
 def _flags_or_dummy(flags, num_blocks):
@@ -616,17 +628,166 @@ def _real_flags(flags, masks_flags):
     return None if masks_flags is None else flags
 
 
+def _block_index_mask(num_blocks, i):
+    """`(n, 1, 1, 1, 1)` bool, True at block `i`."""
+    return ops.reshape(
+        ops.equal(ops.arange(num_blocks, dtype="int32"), i), (-1, 1, 1, 1, 1)
+    )
+
+
+# One block of all the keys: each query block is an ordinary masked softmax.
+
+
+def _single_block_weights(query, key, i, masks, query_flags, key_flags):
+    """Weights `(B, N, bq, Tk)` float32 of query block `i` against all keys."""
+    logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))  # (B, N, bq, Tk)
+    mask = masks.block(i, 0, query_flags, key_flags) if masks.any else None
+    return masked_softmax(logits, mask)
+
+
+def _forward_single(query_blocks, key, value, plan, masks, dropout):
+    """Outputs `(nq, B, N, bq, Hv)`; `key` `(B, N, Tk, H)`, `value` `(B, N, Tk, Hv)`."""
+    batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
+    key_flags = _take(masks.key_blocks, 0)  # (B|1, Tk) or None
+
+    def query_block(elements):
+        query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
+        query_flags = _real_flags(query_flags, masks.query_blocks)
+        weights = _single_block_weights(query, key, i, masks, query_flags, key_flags)
+        if dropout is not None:
+            weights = weights * dropout.scale(i, 0, batch, heads)
+        return ops.matmul(weights, value)  # (B, N, bq, Hv)
+
+    return _map(
+        query_block,
+        (
+            query_blocks,
+            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+            ops.arange(plan.num_query_blocks, dtype="int32"),
+        ),
+    )
+
+
+def _backward_single(saved, key, value, plan, masks, dropout):
+    """Gradients of the scaled query blocks, of the keys and of the values in
+    one sweep over the query blocks."""
+    query_blocks, upstream_blocks, delta = saved
+    batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
+    key_flags = _take(masks.key_blocks, 0)
+
+    def query_step(i, carry):
+        d_query, d_key, d_value = carry
+        query = ops.take(query_blocks, i, axis=0)  # (B, N, bq, H)
+        upstream = ops.take(upstream_blocks, i, axis=0)  # (B, N, bq, Hv)
+        weights = _single_block_weights(
+            query, key, i, masks, _take(masks.query_blocks, i), key_flags
+        )  # (B, N, bq, Tk)
+        d_weights = ops.matmul(upstream, ops.transpose(value, (0, 1, 3, 2)))
+        dropped = weights
+        if dropout is not None:
+            factors = dropout.scale(i, 0, batch, heads)
+            dropped, d_weights = weights * factors, d_weights * factors
+        d_value = d_value + ops.matmul(
+            ops.transpose(dropped, (0, 1, 3, 2)), upstream
+        )  # (B, N, Tk, Hv)
+        d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
+        d_key = d_key + ops.matmul(
+            ops.transpose(d_logits, (0, 1, 3, 2)), query
+        )  # (B, N, Tk, H)
+        block_d_query = ops.matmul(d_logits, key)  # (B, N, bq, H)
+        d_query = ops.where(
+            _block_index_mask(plan.num_query_blocks, i), block_d_query[None], d_query
+        )  # (nq, B, N, bq, H)
+        return d_query, d_key, d_value
+
+    return _fori_loop(
+        0,
+        plan.num_query_blocks,
+        query_step,
+        (ops.zeros_like(query_blocks), ops.zeros_like(key), ops.zeros_like(value)),
+    )
+
+
+# Key blocks: an online softmax over them, and two backward sweeps.
+
+
+def _forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
+    """Outputs `(nq, B, N, bq, Hv)` and log-normalisers `(nq, B, N, bq, 1)`.
+
+    Each block pair contributes its block-normalised output `softmax(s) v`
+    and its log-normaliser; the running output is the mixture of the blocks'
+    outputs weighted by their share of the row's total normaliser.
+    """
+    batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
+
+    def query_block(elements):
+        query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
+        query_flags = _real_flags(query_flags, masks.query_blocks)
+        rows = (batch, heads, plan.query_block, 1)
+
+        def key_step(j, carry):
+            log_normaliser, outputs = carry  # (B, N, bq, 1), (B, N, bq, Hv)
+            logits, _ = _masked_logits(
+                query,
+                ops.take(key_blocks, j, axis=0),
+                i,
+                j,
+                masks,
+                query_flags,
+                _take(masks.key_blocks, j),
+            )  # (B, N, bq, bk)
+            weights = ops.softmax(logits, axis=-1)  # block-normalised
+            # The largest block weight is exp(0) / Σ exp(s - max s).
+            block_log_normaliser = ops.max(logits, axis=-1, keepdims=True) - ops.log(
+                ops.max(weights, axis=-1, keepdims=True)
+            )  # (B, N, bq, 1)
+            if dropout is not None:
+                weights = weights * dropout.scale(i, j, batch, heads)
+            block_outputs = ops.matmul(weights, ops.take(value_blocks, j, axis=0))
+            new_log_normaliser = ops.logaddexp(log_normaliser, block_log_normaliser)
+            outputs = outputs * ops.exp(
+                log_normaliser - new_log_normaliser
+            ) + block_outputs * ops.exp(block_log_normaliser - new_log_normaliser)
+            return new_log_normaliser, outputs
+
+        start, end = masks.key_block_range(i)
+        log_normaliser, outputs = _fori_loop(
+            start,
+            end,
+            key_step,
+            (
+                ops.full(rows, 2.0 * MASK_VALUE, "float32"),
+                ops.zeros(
+                    (batch, heads, plan.query_block, _dim(value_blocks, 4)), "float32"
+                ),
+            ),
+        )
+        # A row that met no valid key has a log-normaliser near MASK_VALUE.
+        has_keys = ops.greater(log_normaliser, 0.5 * MASK_VALUE)  # (B, N, bq, 1)
+        outputs = ops.where(has_keys, outputs, 0.0)
+        # 0 for those rows, so that exp(MASK_VALUE - 0) = 0 when recomputing.
+        log_normaliser = ops.where(has_keys, log_normaliser, 0.0)
+        return outputs, log_normaliser
+
+    return _map(
+        query_block,
+        (
+            query_blocks,
+            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+            ops.arange(plan.num_query_blocks, dtype="int32"),
+        ),
+        num_outputs=2,
+    )
+
+
 def _block_weights(query, log_normaliser, key, i, j, masks, query_flags, key_flags):
     """Recomputed normalised weights `(B, N, bq, bk)` float32 of block `(i, j)`."""
-    logits, mask = _logits_and_mask(query, key, i, j, masks, query_flags, key_flags)
-    weights = ops.exp(logits - log_normaliser)
-    if mask is not None:
-        weights = ops.multiply(weights, ops.cast(mask, "float32"))
-    return weights
+    logits, _ = _masked_logits(query, key, i, j, masks, query_flags, key_flags)
+    return ops.exp(logits - log_normaliser)
 
 
 def _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
-    """`d logits/d (scaled query) · dO`: `(nq, B, N, bq, H)`."""
+    """Gradients of the scaled query blocks: `(nq, B, N, bq, H)`."""
     query_blocks, upstream_blocks, log_normaliser, delta = saved
     batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
 
@@ -646,7 +807,7 @@ def _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
                 masks,
                 query_flags,
                 _take(masks.key_blocks, j),
-            )
+            )  # (B, N, bq, bk)
             d_weights = ops.matmul(upstream, ops.transpose(value, (0, 1, 3, 2)))
             if dropout is not None:
                 d_weights = d_weights * dropout.scale(i, j, batch, heads)
@@ -654,9 +815,9 @@ def _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
             return d_query + ops.matmul(d_logits, key)
 
         start, end = masks.key_block_range(i)
-        return ops.fori_loop(start, end, key_step, ops.zeros_like(query))
+        return _fori_loop(start, end, key_step, ops.zeros_like(query))
 
-    return ops.map(
+    return _map(
         query_block,
         (
             query_blocks,
@@ -696,8 +857,7 @@ def _backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
             dropped = weights
             if dropout is not None:
                 factors = dropout.scale(i, j, batch, heads)
-                dropped = weights * factors
-                d_weights = d_weights * factors
+                dropped, d_weights = weights * factors, d_weights * factors
             d_value = d_value + ops.matmul(
                 ops.transpose(dropped, (0, 1, 3, 2)), upstream
             )  # (B, N, bk, Hv)
@@ -708,11 +868,11 @@ def _backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
             return d_key, d_value
 
         start, end = masks.query_block_range(j)
-        return ops.fori_loop(
+        return _fori_loop(
             start, end, query_step, (ops.zeros_like(key), ops.zeros_like(value))
         )
 
-    return ops.map(
+    return _map(
         key_block,
         (
             key_blocks,
@@ -720,4 +880,5 @@ def _backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
             _flags_or_dummy(masks.key_blocks, plan.num_key_blocks),
             ops.arange(plan.num_key_blocks, dtype="int32"),
         ),
+        num_outputs=2,
     )
