@@ -294,7 +294,7 @@ def time_paths(paths, length, policy, causal, rounds) -> dict:
     return {"seconds": medians, "max_difference": differences}
 
 
-# -- report ------------------------------------------------------------------------------
+# -- report ---------------------------------------------------------------------
 
 
 def main():
@@ -302,9 +302,7 @@ def main():
     parser.add_argument(
         "--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384]
     )
-    parser.add_argument(
-        "--policies", nargs="+", default=["float32", "mixed_bfloat16"]
-    )
+    parser.add_argument("--policies", nargs="+", default=["float32", "mixed_bfloat16"])
     parser.add_argument(
         "--paths",
         nargs="+",
@@ -329,8 +327,9 @@ def main():
     )
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per process")
     parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--point", nargs=3, metavar=("PATH", "LENGTH", "POLICY"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--point", nargs=3, metavar=("PATH", "LENGTH", "POLICY"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
 
     if args.point:
@@ -354,24 +353,32 @@ def main():
             for path in paths:
                 predicted = predicted_bytes(path, length, policy, measured)
                 budget = args.memory_fraction * available_bytes()
-                row = {"length": length, "policy": policy, "path": path,
-                       "predicted_bytes": predicted}
+                row = {
+                    "length": length,
+                    "policy": policy,
+                    "path": path,
+                    "predicted_bytes": predicted,
+                }
                 if predicted > budget:
                     measured[(path, length, policy)] = None
-                    note = (f"skipped {path} at {length} ({policy}): predicted "
-                            f"{predicted / GIB:.1f} GiB > {budget / GIB:.1f} GiB")
+                    note = (
+                        f"skipped {path} at {length} ({policy}): predicted "
+                        f"{predicted / GIB:.1f} GiB > {budget / GIB:.1f} GiB"
+                    )
                     notes.append(note)
                     row["skipped"] = note
                     print(note, flush=True)
                 else:
-                    row.update(run_point(path, length, policy, args.causal,
-                                         args.timeout))
+                    row.update(
+                        run_point(path, length, policy, args.causal, args.timeout)
+                    )
                     measured[(path, length, policy)] = row.get("peak_bytes")
                     if "peak_bytes" in row:
                         fitting.append(path)
                     else:
-                        print(f"{path} at {length} ({policy}): {row['error']}",
-                              flush=True)
+                        print(
+                            f"{path} at {length} ({policy}): {row['error']}", flush=True
+                        )
                 results.append(row)
             if fitting:
                 timing = time_paths(fitting, length, policy, args.causal, args.rounds)
@@ -381,8 +388,9 @@ def main():
                     ):
                         row["seconds"] = timing["seconds"][row["path"]]
                         row["max_difference"] = timing["max_difference"][row["path"]]
-            print_rows([r for r in results
-                        if (r["length"], r["policy"]) == (length, policy)])
+            print_rows(
+                [r for r in results if (r["length"], r["policy"]) == (length, policy)]
+            )
     print("\n## All points\n")
     print_rows(results, header=True)
     for note in notes:
@@ -395,19 +403,23 @@ def main():
 def print_rows(rows, header=False):
     by_key = {(r["length"], r["policy"], r["path"]): r for r in rows}
     if header:
-        print("| length | policy | path | peak MiB | ms | time / explicit "
-              "| time / keras | memory / keras | max diff |")
+        print(
+            "| length | policy | path | peak MiB | ms | time / explicit "
+            "| time / keras | memory / keras | max diff |"
+        )
         print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if "seconds" not in row:
             reason = row.get("skipped") or row.get("error", "")
-            print(f"| {row['length']} | {row['policy']} | {row['path']} | — | — "
-                  f"| | | | {reason} |")
+            print(
+                f"| {row['length']} | {row['policy']} | {row['path']} | — | — "
+                f"| | | | {reason} |"
+            )
             continue
         explicit = by_key.get((row["length"], row["policy"], "explicit"), {})
         keras_row = by_key.get((row["length"], row["policy"], "keras"), {})
 
-        def ratio(other, field):
+        def ratio(other, field, row=row):
             return f"{row[field] / other[field]:.2f}" if field in other else "—"
 
         print(

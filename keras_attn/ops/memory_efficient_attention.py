@@ -1,4 +1,4 @@
-"""Memory-efficient attention: query blocks × key blocks, no `(Tq, Tk)` tensor.
+"""Memory-efficient attention: blocks of queries and keys, no `(Tq, Tk)` tensor.
 
 `softmax(q kᵀ · scale) v` computed a block of queries against a block of keys
 at a time, with a running float32 maximum and normaliser per query row
@@ -26,9 +26,15 @@ from keras import ops
 from keras_attn import _validation as v
 from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
 
-# Indicative defaults, measured on a 2-core CPU (see docs/LONG_SEQUENCES.md).
-DEFAULT_QUERY_BLOCK_SIZE = 512
-DEFAULT_KEY_BLOCK_SIZE = 512
+# Defaults chosen from indicative timings on a 2-core CPU with TensorFlow
+# (docs/LONG_SEQUENCES.md): query blocks of 16 to 256 rows, as many as keep one
+# (B, N, bq, bk) float32 block within BLOCK_BYTES; key blocks of
+# CAUSAL_KEY_BLOCK_SIZE under a causal mask (whole blocks are skipped), else
+# all the keys at once (a fused softmax per query block).
+MAX_QUERY_BLOCK_SIZE = 256
+MIN_QUERY_BLOCK_SIZE = 16
+BLOCK_BYTES = 16 * 2**20
+CAUSAL_KEY_BLOCK_SIZE = 512
 
 _GOLDEN = 0x9E3779B9  # 2**32 / golden ratio, a Weyl-sequence increment
 
@@ -44,8 +50,8 @@ def memory_efficient_attention(
     causal: bool = False,
     causal_offset=0,
     scale=None,
-    query_block_size: int = DEFAULT_QUERY_BLOCK_SIZE,
-    key_block_size: int = DEFAULT_KEY_BLOCK_SIZE,
+    query_block_size: int | None = None,
+    key_block_size: int | str | None = "auto",
     dropout_rate: float = 0.0,
     training: bool = False,
     seed_generator=None,
@@ -57,9 +63,24 @@ def memory_efficient_attention(
     ever building a `(Tq, Tk)` tensor: queries are taken `query_block_size`
     at a time against `key_block_size` keys at a time, with a running float32
     maximum and normaliser per query row (Rabe & Staats 2021; Dao et al.
-    2022). The gradient recomputes each block from the saved log-normaliser
-    (a custom gradient on every backend), so training needs no `(Tq, Tk)`
-    memory either. Blocks that the causal mask hides entirely are skipped.
+    2022). The gradient is a custom one (on every backend) that recomputes
+    each block's weights instead of keeping them, so training needs no
+    `(Tq, Tk)` memory either.
+
+    Two block layouts:
+
+    - `key_block_size=None`: each query block against all the keys, with an
+      ordinary (fused) softmax and a single backward sweep; the fastest
+      layout, with blocks of `B·N·bq·Tk` elements;
+    - `key_block_size=bk`: key blocks with the online softmax; blocks of
+      `B·N·bq·bk` elements whatever the lengths, blocks that the causal mask
+      hides entirely are skipped, and the backward pass takes two sweeps
+      (one for the queries' gradient, one for the keys' and values').
+
+    With the default `key_block_size="auto"` the causal mask gets key blocks
+    of `CAUSAL_KEY_BLOCK_SIZE` (skipping about half of the work) and other
+    masks all the keys at once; the default `query_block_size=None` takes the
+    most queries (16 to 256) that keep one block within `BLOCK_BYTES`.
 
     The logits, the softmax and the accumulation are float32 whatever the
     input dtype; the output is cast to the dtype of `value`. A query row whose
@@ -96,8 +117,10 @@ def memory_efficient_attention(
         causal: whether to apply the causal mask.
         causal_offset: int or scalar int tensor; only used with `causal`.
         scale: multiplier of the logits; `1/sqrt(H)` by default.
-        query_block_size: queries per block (positive int).
-        key_block_size: keys per block (positive int).
+        query_block_size: queries per block (positive int), or `None` for
+            the default above.
+        key_block_size: keys per block (positive int), `None` for all the
+            keys at once, or `"auto"` (see above).
         dropout_rate: float in [0, 1).
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for the dropout (the
@@ -113,7 +136,7 @@ def memory_efficient_attention(
     from keras_attn.ops import memory_efficient_attention
 
     x = np.random.default_rng(0).normal(size=(1, 1000, 4, 16)).astype("float32")
-    out = memory_efficient_attention(x, x, x, causal=True, query_block_size=256)
+    out = memory_efficient_attention(x, x, x, causal=True)
     out.shape  # (1, 1000, 4, 16)
     ```
     """
@@ -121,13 +144,22 @@ def memory_efficient_attention(
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
     _check_inputs(query, key, value)
-    query_block_size = v.check_positive_int("query_block_size", query_block_size)
+    query_block_size = v.check_positive_int(
+        "query_block_size", query_block_size, allow_none=True
+    )
+    if not isinstance(causal, bool):
+        raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
+    if isinstance(key_block_size, str):
+        if key_block_size != "auto":
+            raise ValueError(
+                '`key_block_size` must be a positive int, None or "auto". '
+                f"Received: key_block_size={key_block_size!r}"
+            )
+        key_block_size = CAUSAL_KEY_BLOCK_SIZE if causal else None
     key_block_size = v.check_positive_int(
         "key_block_size", key_block_size, allow_none=True
     )
     dropout_rate = v.check_rate("dropout_rate", dropout_rate)
-    if not isinstance(causal, bool):
-        raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
     if isinstance(causal_offset, bool) or (
         isinstance(causal_offset, numbers.Number)
         and not isinstance(causal_offset, numbers.Integral)
@@ -136,14 +168,27 @@ def memory_efficient_attention(
             "`causal_offset` must be an int or a scalar int tensor. "
             f"Received: causal_offset={causal_offset!r}"
         )
-    if scale is None:
+    if scale is None and query.shape[-1] is not None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    elif isinstance(scale, numbers.Real):
-        scale = v.check_positive_float("scale", scale)
+    elif scale is None:  # head size known only when run
+        scale = ops.rsqrt(ops.cast(ops.shape(query)[-1], "float32"))
+    elif isinstance(scale, bool) or (
+        isinstance(scale, numbers.Real) and not math.isfinite(scale)
+    ):
+        raise ValueError(
+            "`scale` must be a finite number or a scalar tensor. "
+            f"Received: scale={scale!r}"
+        )
 
     batch, query_length = _dim(query, 0), _dim(query, 1)
     key_length = _dim(key, 1)
-    plan = _Plan(query_length, key_length, query_block_size, key_block_size)
+    plan = _Plan(
+        query_length,
+        key_length,
+        query_block_size,
+        key_block_size,
+        batch_heads=batch * query.shape[2],
+    )
     masks = _Masks(
         plan,
         batch,
@@ -172,7 +217,10 @@ def memory_efficient_attention(
             plan.num_query_blocks,
         )  # (nq, B, N, bq, H), scaled
         key_blocks = _to_blocks(
-            ops.cast(key, "float32"), plan.key_length, plan.key_block, plan.num_key_blocks
+            ops.cast(key, "float32"),
+            plan.key_length,
+            plan.key_block,
+            plan.num_key_blocks,
         )  # (nk, B, N, bk, H)
         value_blocks = _to_blocks(
             ops.cast(value, "float32"),
@@ -250,7 +298,8 @@ def _check_inputs(query, key, value):
             )
         if not keras.backend.is_float_dtype(tensor.dtype):
             raise ValueError(
-                f"`{name}` must be a float tensor. Received: {name}.dtype={tensor.dtype}"
+                f"`{name}` must be a float tensor. "
+                f"Received: {name}.dtype={tensor.dtype}"
             )
     # (name, other, axis, what): sizes that must agree where both are known.
     checks = (
@@ -331,15 +380,19 @@ def _ceil_div(a, b):
 class _Plan:
     """Block sizes and counts; ints when the lengths are static, else tensors."""
 
-    def __init__(self, query_length, key_length, query_block_size, key_block_size):
+    def __init__(
+        self, query_length, key_length, query_block_size, key_block_size, batch_heads
+    ):
         self.query_length, self.key_length = query_length, key_length
-        self.query_block = _block_size(query_length, query_block_size)
-        self.num_query_blocks = _ceil_div(query_length, self.query_block)
         if key_block_size is None:
             self.key_block, self.num_key_blocks = key_length, 1
         else:
             self.key_block = _block_size(key_length, key_block_size)
             self.num_key_blocks = _ceil_div(key_length, self.key_block)
+        if query_block_size is None:
+            query_block_size = _default_query_block_size(batch_heads, self.key_block)
+        self.query_block = _block_size(query_length, query_block_size)
+        self.num_query_blocks = _ceil_div(query_length, self.query_block)
         # One block of all the keys: a plain softmax per query block, and a
         # backward pass that needs no second sweep.
         self.single_key_block = (
@@ -355,11 +408,25 @@ class _Plan:
         )
 
 
+def _default_query_block_size(batch_heads, key_block):
+    """The most query rows, a multiple of 16 in [16, 256], that keep a
+    `(B, N, bq, bk)` float32 block within BLOCK_BYTES."""
+    per_row = batch_heads * key_block * 4  # bytes of one query row of a block
+    if isinstance(per_row, int):
+        rows = BLOCK_BYTES // max(per_row, 1) // 16 * 16
+        return min(max(rows, MIN_QUERY_BLOCK_SIZE), MAX_QUERY_BLOCK_SIZE)
+    rows = ops.floor_divide(BLOCK_BYTES, ops.maximum(ops.cast(per_row, "int32"), 1))
+    rows = ops.floor_divide(rows, 16) * 16
+    return ops.clip(rows, MIN_QUERY_BLOCK_SIZE, MAX_QUERY_BLOCK_SIZE)
+
+
 def _block_size(length, block_size):
     """`min(length, block_size)`, at least 1 (no padding past a short length)."""
-    if isinstance(length, int):
+    if isinstance(length, int) and isinstance(block_size, int):
         return max(1, min(length, block_size))
-    return ops.maximum(ops.minimum(ops.cast(length, "int32"), block_size), 1)
+    return ops.maximum(
+        ops.minimum(ops.cast(length, "int32"), ops.cast(block_size, "int32")), 1
+    )
 
 
 def _to_blocks(x, length, block, num_blocks):
@@ -499,7 +566,9 @@ class _Masks:
         plan = self.plan
         if not self.causal:
             return 0, plan.num_query_blocks
-        start = ops.floor_divide(j * plan.key_block - self.causal_offset, plan.query_block)
+        start = ops.floor_divide(
+            j * plan.key_block - self.causal_offset, plan.query_block
+        )
         return ops.clip(start, 0, plan.num_query_blocks), plan.num_query_blocks
 
 
@@ -533,9 +602,11 @@ class _Dropout:
 
     def __init__(self, rate, seed_generator, plan):
         self.rate, self.plan = rate, plan
-        seed = keras.random.randint((), 0, 2**31 - 1, dtype="int32", seed=seed_generator)
+        seed = keras.random.randint(
+            (), 0, 2**31 - 1, dtype="int32", seed=seed_generator
+        )
         self.seed = _mix(ops.cast(seed, "uint32"))
-        self.threshold = _uint32(min(int(round(rate * 2**32)), 2**32 - 1))
+        self.threshold = _uint32(min(round(rate * 2**32), 2**32 - 1))
 
     def scale(self, i, j, batch, heads):
         """Dropout factors of block pair `(i, j)`: `(B, N, bq, bk)` float32 of
