@@ -5,6 +5,7 @@ The reference is `keras_attn.ops.dot_product_attention(..., return_weights=True)
 Lengths are not multiples of the block sizes, and Tq != Tk.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -442,3 +443,76 @@ def test_saved_model_loads_with_tensorflow_alone_and_has_no_xla_ops(tmp_path):
     loaded = np.load(tmp_path / "outputs.npz")
     for index, want in enumerate(expected):
         np.testing.assert_allclose(loaded[f"arr_{index}"], want, atol=1e-6)
+
+
+MEMORY_SCRIPT = """
+import json
+import numpy as np
+import tensorflow as tf
+from keras_attn.ops import dot_product_attention, memory_efficient_attention
+
+LENGTH = {length}
+
+
+def resident(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+
+
+spec = tf.TensorSpec((1, None, 1, 8), "float32")
+
+
+def step_of(attend):
+    @tf.function(input_signature=[spec])
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(attend(x))
+        return tape.gradient(loss, x)
+
+    return step
+
+
+steps = {{
+    "key_blocks": step_of(lambda x: memory_efficient_attention(x, x, x, causal=True)),
+    "all_keys": step_of(
+        lambda x: memory_efficient_attention(x, x, x, key_block_size=None)
+    ),
+    "explicit": step_of(
+        lambda x: dot_product_attention(x, x, x, return_weights=True)[0]
+    ),
+}}
+x = tf.constant(np.random.default_rng(0).normal(size=(1, LENGTH, 1, 8)), "float32")
+peaks = {{}}
+for name, step in steps.items():  # in increasing order of expected peak
+    step(x[:, :64]).numpy()  # traced at a short length, run below at LENGTH
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # the peak (VmHWM) restarts from VmRSS
+    baseline = resident("VmRSS")
+    step(x).numpy()
+    peaks[name] = resident("VmHWM") - baseline
+print(json.dumps(peaks))
+"""
+
+
+@pytest.mark.tf_only
+def test_graph_mode_memory_stays_below_one_quadratic_tensor():
+    """In `tf.function`, forward+backward at T=4096 peaks below half of one
+    `(T, T)` float32 tensor above its baseline, where the explicit path (the
+    control: the measurement sees quadratic memory) takes several."""
+    length = 4096
+    result = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT.format(length=length)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    peaks = json.loads(result.stdout.strip().splitlines()[-1])
+    quadratic = length * length * 4  # bytes of one (T, T) float32 tensor
+    assert peaks["explicit"] > 2 * quadratic, peaks
+    assert peaks["key_blocks"] < quadratic / 2, peaks
+    assert peaks["all_keys"] < quadratic / 2, peaks
