@@ -182,6 +182,12 @@ def memory_efficient_attention(
 
     batch, query_length = _dim(query, 0), _dim(query, 1)
     key_length = _dim(key, 1)
+    # Lengths may be tensors: compare only static ones (this code also runs
+    # through AutoGraph, which would turn a tensor condition into a tf.cond).
+    if 0 in [n for n in (query_length, key_length) if isinstance(n, int)]:
+        return ops.zeros(
+            (batch, query_length, _dim(query, 2), _dim(value, 3)), value.dtype
+        )
     plan = _Plan(
         query_length,
         key_length,
@@ -191,8 +197,6 @@ def memory_efficient_attention(
     )
     masks = _Masks(
         plan,
-        batch,
-        query.shape[2],
         key_padding_mask=_boolean_mask(
             "key_padding_mask", key_padding_mask, (key.shape[0], key.shape[1])
         ),
@@ -386,9 +390,11 @@ class _Plan:
         self.query_length, self.key_length = query_length, key_length
         if key_block_size is None:
             self.key_block, self.num_key_blocks = key_length, 1
+            self.padded_key_length = key_length
         else:
             self.key_block = _block_size(key_length, key_block_size)
             self.num_key_blocks = _ceil_div(key_length, self.key_block)
+            self.padded_key_length = self.num_key_blocks * self.key_block
         if query_block_size is None:
             query_block_size = _default_query_block_size(batch_heads, self.key_block)
         self.query_block = _block_size(query_length, query_block_size)
@@ -399,9 +405,8 @@ class _Plan:
             isinstance(self.num_key_blocks, int) and self.num_key_blocks == 1
         )
         self.padded_query_length = self.num_query_blocks * self.query_block
-        self.padded_key_length = self.num_key_blocks * self.key_block
         # Keys past key_length exist only as padding: they must be masked.
-        self.keys_padded = not (
+        self.keys_padded = self.padded_key_length is not key_length and not (
             isinstance(self.padded_key_length, int)
             and isinstance(key_length, int)
             and self.padded_key_length == key_length
@@ -459,8 +464,6 @@ class _Masks:
     def __init__(
         self,
         plan,
-        batch,
-        heads,
         key_padding_mask,
         query_padding_mask,
         attention_mask,

@@ -174,6 +174,13 @@ def test_self_attention_with_one_block_per_sequence_and_one_query():
     )
 
 
+@pytest.mark.parametrize(("query_length", "key_length"), [(0, TK), (TQ, 0)])
+def test_empty_sequences_give_zeros(query_length, key_length):
+    outputs = attention(Q[:, :query_length], K[:, :key_length], V[:, :key_length])
+    assert tuple(outputs.shape) == (B, query_length, N, HV)
+    np.testing.assert_array_equal(to_numpy(outputs), 0.0)
+
+
 @pytest.mark.parametrize(
     ("dtype", "layout"), [("float16", "key_blocks"), ("bfloat16", "all_keys")]
 )
