@@ -92,11 +92,14 @@ def build_layer(path: str, policy: str, causal: bool):
     if path == "explicit":
 
         def attend(query, key, value):
-            # On TensorFlow, dot_product_attention takes the explicit path
-            # (there is no fused kernel to dispatch to).
+            # Asking for the weights pins the explicit path, whatever path the
+            # dispatcher would pick otherwise; the gradient needs the weights
+            # anyway, so this costs no memory the explicit path does not.
             length = keras.ops.shape(query)[1]
             mask = causal_mask(length, length)[None, None] if causal else None
-            return dot_product_attention(query, key, value, mask=mask)
+            return dot_product_attention(
+                query, key, value, mask=mask, return_weights=True
+            )[0]
 
     else:
         blocks = {}

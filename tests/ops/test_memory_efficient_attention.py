@@ -420,6 +420,17 @@ def test_saved_model_loads_with_tensorflow_alone_and_has_no_xla_ops(tmp_path):
 
     export_dir = str(tmp_path / "attend")
     tf.saved_model.save(module, export_dir)
+    # The graph as saved, its functions (loop bodies, gradient) included.
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as file:
+        saved.ParseFromString(file.read())
+    graph_def = saved.meta_graphs[0].graph_def
+    saved_types = {node.op for node in graph_def.node} | {
+        node.op for function in graph_def.library.function for node in function.node_def
+    }
+    assert not [t for t in saved_types if t.startswith("Xla")], sorted(saved_types)
     x = Q[:, :, :, :H]
     key_padding = QUERY_PADDING
     expected = [
