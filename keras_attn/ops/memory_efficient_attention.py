@@ -11,8 +11,9 @@ The masks arrive as their components (key padding, query padding, causal with
 an offset, and an optional explicit mask that is read block by block), so no
 `(B, N, Tq, Tk)` mask is materialised either. Written with `keras.ops` only
 (`ops.map` over one axis of blocks, `ops.fori_loop` over the other,
-`ops.custom_gradient`), it runs on every backend; on TensorFlow the graph
-holds no `Xla*` op, so a SavedModel that uses it loads with TensorFlow alone.
+`ops.custom_gradient`), it is tested on TensorFlow and JAX (the PyTorch
+backend runs the same code, untested); on TensorFlow the graph holds no
+`Xla*` op, so a SavedModel that uses it loads with TensorFlow alone.
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def memory_efficient_attention(
             keys at once, or `"auto"` (see above).
         dropout_rate: float in [0, 1).
         training: whether dropout is active.
-        seed_generator: a `keras.random.SeedGenerator` for the dropout (the
-            global one when `None`, outside a traced function only).
+        seed_generator: a `keras.random.SeedGenerator` for the dropout; the
+            global one when `None` (which JAX does not allow in `jax.jit`).
 
     Returns:
         `(B, Tq, N, Hv)` in the dtype of `value`.
