@@ -21,6 +21,7 @@ from keras_attn.ops.masks import (
     padding_mask_from_lengths,
     sliding_window_mask,
 )
+from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
 from keras_attn.ops.nearest_neighbors import (
     knn_mixture_log_probs,
     knn_probabilities,
@@ -58,6 +59,7 @@ __all__ = [
     "knn_probabilities",
     "knn_weights",
     "masked_softmax",
+    "memory_efficient_attention",
     "nearest_neighbors",
     "padding_mask",
     "padding_mask_from_lengths",
