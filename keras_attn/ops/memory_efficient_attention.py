@@ -9,10 +9,10 @@ them, so memory grows linearly with the sequence lengths in both passes.
 
 The masks arrive as their components (key padding, query padding, causal with
 an offset, a sliding window, and an optional explicit mask that is read block
-by block), so no `(B, N, Tq, Tk)` mask is materialised either. Written with `keras.ops` only
-(`ops.map` over one axis of blocks, `ops.fori_loop` over the other,
-`ops.custom_gradient`), it is tested on TensorFlow and JAX (the PyTorch
-backend runs the same code, untested); on TensorFlow the graph holds no
+by block), so no `(B, N, Tq, Tk)` mask is materialised either. Written with
+`keras.ops` only (`ops.map` over one axis of blocks, `ops.fori_loop` over the
+other, `ops.custom_gradient`), it is tested on TensorFlow and JAX (the
+PyTorch backend runs the same code, untested); on TensorFlow the graph holds no
 `Xla*` op, so a SavedModel that uses it loads with TensorFlow alone.
 """
 

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.ops import attention_path, dot_product_attention
+from keras_attn.ops import attention_path, dot_product_attention, switch_over_length
 from keras_attn.ops.attention import check_flash_attention
 from tests.test_case import to_numpy
 
@@ -92,32 +92,105 @@ def test_is_causal_equals_an_explicit_causal_mask_on_both_paths(mask):
     np.testing.assert_array_equal(to_numpy(weights)[..., ~causal[0, 0]], 0.0)
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
-def test_attention_path_honours_flash_attention(backend):
-    fused = "explicit" if backend == "tensorflow" else "fused"
-    assert attention_path(None, backend=backend) == fused
-    assert attention_path(False, backend=backend) == "explicit"
-    for needs in (
-        {"return_weights": True},
-        {"dropout_active": True},
-        {"same_head_dims": False},
+LONG = {"query_length": 4096, "key_length": 4096}
+SHORT = {"query_length": 512, "key_length": 512}
+
+
+@pytest.mark.parametrize(
+    ("flash", "call", "expected"),
+    [
+        # A fused kernel runs the call (JAX with cuDNN, PyTorch on CUDA): it
+        # keeps priority at every length, unless dropout or narrow value heads.
+        (None, {"fused_kernel": True, **LONG}, "fused"),
+        (None, {"fused_kernel": True, **SHORT}, "fused"),
+        (True, {"fused_kernel": True, **SHORT}, "fused"),
+        (
+            None,
+            {"fused_kernel": True, "dropout_active": True, **LONG},
+            "memory_efficient",
+        ),
+        (None, {"fused_kernel": True, "dropout_active": True, **SHORT}, "explicit"),
+        (
+            None,
+            {"fused_kernel": True, "same_head_dims": False, **LONG},
+            "memory_efficient",
+        ),
+        (
+            True,
+            {"fused_kernel": True, "same_head_dims": False, **SHORT},
+            "memory_efficient",
+        ),
+        # No fused kernel (TensorFlow, JAX on a CPU or on a GPU in float32):
+        # the memory-efficient path from the switch-over length on.
+        (None, {**LONG}, "memory_efficient"),
+        (None, {**SHORT}, "explicit"),
+        (None, {"query_length": 2, "key_length": 1024}, "memory_efficient"),
+        (None, {"query_length": 2, "key_length": 1023}, "explicit"),
+        (None, {"query_length": 1, "key_length": 8192}, "explicit"),  # decoding
+        (
+            None,
+            {"query_length": 2048, "key_length": 1024, "dtype": "bfloat16"},
+            "explicit",
+        ),
+        (
+            None,
+            {"query_length": 2048, "key_length": 2048, "dtype": "float16"},
+            "memory_efficient",
+        ),
+        (None, {"dropout_active": True, **LONG}, "memory_efficient"),
+        (None, {"same_head_dims": False, **LONG}, "memory_efficient"),
+        # Lengths unknown when traced: decided when the graph runs.
+        (None, {}, "by_length"),
+        (None, {"query_length": 8, "key_length": None}, "by_length"),
+        (None, {"query_length": None, "key_length": 100}, "explicit"),
+        (None, {"query_length": 1, "key_length": None}, "explicit"),
+        # True: fused, else memory-efficient at any length; False: explicit.
+        (True, {**SHORT}, "memory_efficient"),
+        (True, {"query_length": 1, "key_length": 4}, "memory_efficient"),
+        (True, {"dropout_active": True, "fused_kernel": True}, "memory_efficient"),
+        (False, {"fused_kernel": True, **LONG}, "explicit"),
+        (False, {**LONG}, "explicit"),
+        # Weights requested: only the explicit path returns them.
+        (None, {"return_weights": True, "fused_kernel": True, **LONG}, "explicit"),
+        (False, {"return_weights": True}, "explicit"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_attention_path_decisions(flash, call, expected, backend):
+    assert attention_path(flash, backend=backend, **call) == expected
+
+
+def test_tensorflow_has_no_fused_kernel_whatever_it_is_told():
+    for flash, call, expected in (
+        (None, {"fused_kernel": True, **SHORT}, "explicit"),
+        (None, {"fused_kernel": True, **LONG}, "memory_efficient"),
+        (True, {"fused_kernel": True, **SHORT}, "memory_efficient"),
     ):
-        assert attention_path(None, backend=backend, **needs) == "explicit"
-        assert attention_path(False, backend=backend, **needs) == "explicit"
-        with pytest.raises(ValueError, match="Received: flash_attention=True"):
-            attention_path(True, backend=backend, **needs)
-    if backend == "tensorflow":
-        with pytest.raises(ValueError, match="TensorFlow backend has no fused"):
-            attention_path(True, backend=backend)
-    else:
-        assert attention_path(True, backend=backend) == "fused"
+        assert attention_path(flash, backend="tensorflow", **call) == expected
+
+
+def test_switch_over_length_by_dtype():
+    assert switch_over_length("float32") == 1024
+    assert switch_over_length("bfloat16") == switch_over_length("float16") == 2048
+    assert switch_over_length("float64") == 1024
+
+
+def test_flash_attention_true_refuses_a_call_that_needs_the_weights():
+    with pytest.raises(
+        ValueError,
+        match=r"weights are requested.*Received: flash_attention=True, "
+        r"return_attention_scores=True",
+    ):
+        attention_path(True, return_weights=True, backend="jax", fused_kernel=True)
 
 
 def test_attention_path_follows_keras_flash_attention_config(monkeypatch):
     monkeypatch.setattr(keras.config, "is_flash_attention_enabled", lambda: False)
-    assert attention_path(None, backend="jax") == "explicit"
+    assert attention_path(None, backend="jax", fused_kernel=True) == "explicit"
+    assert attention_path(None, backend="tensorflow", **LONG) == "explicit"
     monkeypatch.setattr(keras.config, "is_flash_attention_enabled", lambda: True)
-    assert attention_path(None, backend="jax") == "fused"
+    assert attention_path(None, backend="jax", fused_kernel=True) == "fused"
+    assert attention_path(None, backend="tensorflow", **SHORT) == "memory_efficient"
     with pytest.raises(ValueError, match="attention weights are requested"):
         attention_path(None, backend="jax", return_weights=True)
     assert attention_path(False, backend="jax", return_weights=True) == "explicit"
