@@ -386,3 +386,72 @@ def test_mixed_float16_runs_compiled_and_matches_float32(kind, flash):
     assert got.dtype == np.float16
     want = reference.predict(data, verbose=0)
     np.testing.assert_allclose(got.astype("float32"), want, atol=2e-2, rtol=2e-2)
+
+
+# -- export ---------------------------------------------------------------------
+
+
+def saved_model_op_types(export_dir) -> set:
+    """Op types of a SavedModel's graph and of every function in it (loop
+    bodies, conditionals, gradients)."""
+    import os
+
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as file:
+        saved.ParseFromString(file.read())
+    graph_def = saved.meta_graphs[0].graph_def
+    return {node.op for node in graph_def.node} | {
+        node.op for function in graph_def.library.function for node in function.node_def
+    }
+
+
+@pytest.mark.tf_only
+def test_export_switches_by_length_and_loads_with_tensorflow_alone(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(50, 8, mask_zero=True)(tokens)
+    x = MultiHeadSelfAttention(num_heads=2, causal=True)(x)
+    model = keras.Model(tokens, x)
+    short = RNG.integers(1, 50, size=(2, 12)).astype("int32")
+    short[1, 9:] = 0
+    long = RNG.integers(1, 50, size=(2, switch_over_length("float32") + 76))
+    long = long.astype("int32")
+    long[1, 1000:] = 0
+    expected = [to_numpy(model(short)), to_numpy(model(long))]
+
+    export_dir = str(tmp_path / "export")
+    model.export(export_dir, verbose=False)
+    types = saved_model_op_types(export_dir)
+    assert not [t for t in types if t.startswith("Xla")], sorted(types)
+    assert types & {"If", "StatelessIf"}, "no switch on the length in the graph"
+    assert types & {"While", "StatelessWhile"}, "no memory-efficient block loop"
+
+    np.savez(tmp_path / "inputs.npz", short=short, long=long)
+    script = textwrap.dedent(f"""
+        import sys
+        for blocked in ("keras", "keras_attn", "keras_hub", "keras_nlp"):
+            sys.modules[blocked] = None
+        import numpy as np
+        import tensorflow as tf
+        loaded = tf.saved_model.load({export_dir!r})
+        data = np.load({str(tmp_path / "inputs.npz")!r})
+        outputs = [loaded.serve(data[name]).numpy() for name in ("short", "long")]
+        np.savez({str(tmp_path / "outputs.npz")!r}, *outputs)
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = np.load(tmp_path / "outputs.npz")
+    for index, want in enumerate(expected):
+        np.testing.assert_allclose(loaded[f"arr_{index}"], want, atol=1e-5)
