@@ -111,15 +111,25 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         sliding_window: optional positive int: each query attends only to the
             keys within `sliding_window - 1` positions on either side (Keras's
             symmetric band; with `use_causal_mask`, the causal window).
-        flash_attention: `None` (default): the fastest path that can honour
-            the call (fused `keras.ops.dot_product_attention` where the backend
-            has a fused kernel and no weights or dropout are needed; else the
-            explicit path). `True`: a fused or memory-efficient path is
-            required; a call none can run (`return_attention_scores=True`,
-            active dropout, the TensorFlow backend) raises a `ValueError`, and
-            `dropout > 0` is refused here. `False`: the explicit path, which
-            materialises the weights. `None` follows
-            `keras.config.enable_flash_attention()` /
+        flash_attention: the attention path (chosen by
+            `keras_attn.ops.attention_path`). `None` (default): the fastest
+            path that can honour the call: the fused
+            `keras.ops.dot_product_attention` where a fused kernel actually
+            runs it (cuDNN on a GPU in half precision on JAX, PyTorch's CUDA
+            kernels; not TensorFlow, nor JAX on a CPU) and no dropout is
+            active; else the memory-efficient path
+            (`keras_attn.ops.memory_efficient_attention`, no `(Tq, Tk)`
+            tensor in either pass) from a key length of
+            `keras_attn.ops.switch_over_length(compute dtype)` with more than
+            one query; else the explicit path. `True`: the fused kernel where
+            one runs, else the memory-efficient path at every length;
+            `return_attention_scores=True` then raises a `ValueError`, and
+            `dropout > 0` is refused here (as Keras refuses it). `False`: the
+            explicit path, which materialises the weights. The paths give
+            the same outputs and gradients, with every mask, the cache
+            offset, `sliding_window`, `use_gate` and `attention_axes`; only
+            `return_attention_scores=True` pins the explicit path. `None`
+            follows `keras.config.enable_flash_attention()` /
             `disable_flash_attention()` when they were called.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
