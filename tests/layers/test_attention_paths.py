@@ -455,3 +455,21 @@ def test_export_switches_by_length_and_loads_with_tensorflow_alone(tmp_path):
     loaded = np.load(tmp_path / "outputs.npz")
     for index, want in enumerate(expected):
         np.testing.assert_allclose(loaded[f"arr_{index}"], want, atol=1e-5)
+
+
+def test_fit_on_long_sequences_with_attention_dropout(paths_taken):
+    # Lengths unknown when Keras traces the train step on TensorFlow (a
+    # switch by length in the graph); known on JAX.
+    length = switch_over_length("float32") + 76
+    tokens = keras.Input((None, 8))
+    x = TransformerEncoderBlock(16, 2, dropout=0.1, seed=3)(tokens)
+    model = keras.Model(tokens, keras.layers.Dense(1)(x))
+    model.compile(optimizer="adam", loss="mse")
+    data = RNG.normal(size=(2, length, 8)).astype("float32")
+    kernels = [w for w in model.trainable_weights if "kernel" in w.path]
+    before = [to_numpy(w) for w in kernels]
+    history = model.fit(data, data[..., :1], epochs=1, batch_size=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert paths_taken["memory_efficient"] > 0
+    for weight, value in zip(kernels, before, strict=True):
+        assert not np.array_equal(to_numpy(weight), value), weight.path
