@@ -366,6 +366,8 @@ def dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     mask = padding_mask(mask)
+    while mask is not None and len(mask.shape) < 4:
+        mask = mask[None]  # broadcast as NumPy does: (B|1, N|1, Tq, Tk)
     key_padding_mask = padding_mask(key_padding_mask)
     query_padding_mask = padding_mask(query_padding_mask)
     dropout_active = bool(training) and dropout_rate > 0.0
@@ -406,7 +408,7 @@ def dot_product_attention(
             mask_shape=(
                 (
                     query.shape[0],
-                    1 if mask is None else mask.shape[1],
+                    1 if mask is None else mask.shape[1],  # heads
                     query_length,
                     key_length,
                 )

@@ -235,6 +235,7 @@ COMPONENT_CASES = {
     "causal_tensor_offset": {"is_causal": True, "causal_offset": "tensor"},
     "negative_offset": {"is_causal": True, "causal_offset": -2},
     "sliding_window": {"sliding_window": 2, "causal_offset": 1},
+    "explicit_2d": {"mask": "explicit_2d"},
     "everything": {
         "mask": "explicit",
         "key_padding_mask": KEY_PADDING,
@@ -254,6 +255,8 @@ def numpy_combined_mask(case):
     key_positions = np.arange(6)[None, :]
     if case.get("mask") == "explicit":
         mask &= make_mask()
+    if case.get("mask") == "explicit_2d":
+        mask &= make_mask()[0, 0]
     if "key_padding_mask" in case:
         mask &= case["key_padding_mask"][:, None, None, :]
     if "query_padding_mask" in case:
@@ -267,8 +270,9 @@ def numpy_combined_mask(case):
 
 def component_arguments(case):
     arguments = dict(case)
-    if arguments.get("mask") == "explicit":
-        arguments["mask"] = make_mask()
+    masks = {"explicit": make_mask(), "explicit_2d": make_mask()[0, 0]}  # 4-D, 2-D
+    if "mask" in arguments:
+        arguments["mask"] = masks[arguments["mask"]]
     if arguments.get("causal_offset") == "tensor":
         arguments["causal_offset"] = keras.ops.convert_to_tensor(2, "int32")
     return arguments
