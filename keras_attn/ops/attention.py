@@ -396,9 +396,13 @@ def dot_product_attention(
     )
     query_length, key_length = query.shape[1], key.shape[1]
     same_head_dims = value.shape[-1] == key.shape[-1]
+    explicit_only = flash_attention is False or (
+        flash_attention is None and keras.config.is_flash_attention_enabled() is False
+    )
     fused_kernel = (
         # jax.nn.dot_product_attention needs value heads as wide as key heads.
         same_head_dims
+        and not explicit_only
         and not return_weights
         and not dropout_active
         and fused_kernel_runs(
