@@ -1,6 +1,12 @@
 """Pure attention functions: scores, masks, masked softmax, attention."""
 
-from keras_attn.ops.attention import dot_product_attention, weighted_sum
+from keras_attn.ops.attention import (
+    attention_path,
+    dot_product_attention,
+    fused_kernel_runs,
+    switch_over_length,
+    weighted_sum,
+)
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
@@ -8,7 +14,10 @@ from keras_attn.ops.masks import (
     combine_masks,
     padding_mask,
     padding_mask_from_lengths,
+    rows_with_keys,
+    sliding_window_mask,
 )
+from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
 from keras_attn.ops.scores import (
     additive_score,
     additive_score_from_projections,
@@ -24,16 +33,22 @@ __all__ = [
     "additive_score",
     "additive_score_from_projections",
     "attention_mask_from_padding",
+    "attention_path",
     "causal_mask",
     "combine_masks",
     "concat_score",
     "dot_product_attention",
     "dot_score",
+    "fused_kernel_runs",
     "general_score",
     "masked_softmax",
+    "memory_efficient_attention",
     "padding_mask",
     "padding_mask_from_lengths",
+    "rows_with_keys",
     "scaled_dot_score",
+    "sliding_window_mask",
+    "switch_over_length",
     "update_cache",
     "weighted_sum",
 ]
