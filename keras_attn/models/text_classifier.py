@@ -14,6 +14,23 @@ from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_attn.models import _task
 
 POOLINGS = ("mean", "attention")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MaskedAveragePooling1D(keras.layers.GlobalAveragePooling1D):
+    """`keras.layers.GlobalAveragePooling1D` whose fully masked rows pool to
+    zeros, as `AttentionPooling`'s do, instead of 0 / 0 = NaN (a text that
+    tokenizes to no token at all, such as an empty string)."""
+
+    def call(self, inputs, mask=None):
+        if mask is None or self.data_format != "channels_last":
+            return super().call(inputs, mask=mask)
+        weights = ops.expand_dims(ops.cast(mask, inputs.dtype), -1)
+        total = ops.sum(inputs * weights, axis=1, keepdims=self.keepdims)
+        count = ops.sum(weights, axis=1, keepdims=self.keepdims)
+        return total / ops.maximum(count, ops.ones_like(count))
+
+
 LABELS = ("negative", "positive")
 
 
@@ -198,7 +215,7 @@ class TextClassifier(_ClassifierTask, keras.Model):
             )
             x = self.final_norm(x)
         if pooling == "mean":
-            self.pooling = keras.layers.GlobalAveragePooling1D(name="pooling")
+            self.pooling = MaskedAveragePooling1D(name="pooling")
         else:
             self.pooling = AttentionPooling(embedding_dim, name="pooling")
         pooled = self.pooling(x)  # masked mean, or attention

@@ -38,6 +38,21 @@ def test_padding_does_not_change_the_prediction(pooling):
         np.testing.assert_allclose(weights, to_numpy(expected), atol=1e-6)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "attention"])
+def test_a_text_with_no_token_gets_a_finite_probability(pooling):
+    # An empty text tokenizes to padding only; Keras's masked average divides
+    # by a zero count there.
+    model = small_classifier(num_layers=1, pooling=pooling)
+    tokens = np.concatenate([TOKENS, np.zeros((1, 5), "int32")])
+    prob = to_numpy(model(tokens))
+    assert np.all(np.isfinite(prob))
+    # The empty row is the classifier's bias alone: the pooled vector is zero.
+    head = model.get_layer("positive_probability")
+    bias = to_numpy(head.bias)
+    np.testing.assert_allclose(prob[2], 1 / (1 + np.exp(-bias)), atol=1e-6)
+    np.testing.assert_allclose(prob[:2], to_numpy(model(TOKENS)), atol=1e-6)
+
+
 @pytest.mark.parametrize("embedding_norm", [False, True])
 def test_self_attention_of_every_encoder_block(embedding_norm):
     model = small_classifier(num_layers=2, embedding_norm=embedding_norm)
