@@ -97,6 +97,9 @@ def test_a_fresh_process_loads_each_task_and_answers_the_same(tasks, tmp_path):
     expected = answers(models)
     assert len(expected["transformer"]) == len(TEXTS)
     assert set(expected["classifier"][1]) <= {"negative", "positive"}
+    # The empty text too gets a probability (it tokenizes to no token at all).
+    for name in ("classifier", "ensemble"):
+        assert np.all(np.isfinite(expected[name][0])), expected[name]
     assert expected["score"]["num_tokens"][2] == 1  # the end token alone
     result = subprocess.run(
         [
