@@ -1,5 +1,6 @@
 """kNN-MT: the datastore of a Transformer translator and decoding with it."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -112,6 +113,10 @@ def test_keys_held_in_half_precision_decode_as_their_rounded_values(key_dtype):
     (distances rounded too, so within that precision of the brute force)."""
     import ml_dtypes
 
+    # Seeded weights: with rounded distances, a near-tie between the k-th and
+    # the next neighbour may swap them, which no tolerance covers; the weights
+    # of seed 0 (and of every seed 0-11 tried) have no such tie.
+    keras.utils.set_random_seed(0)
     model = small_translator()
     store = translation_datastore(model, batches()[:1])
     knn = NearestNeighborDecoding(
