@@ -7,13 +7,14 @@ PYTEST_FLAGS ?= -q
 # Layer and op tests run a second time on the JAX backend.
 JAX_TESTS := tests/ops tests/layers tests/generation
 
-.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding demo format clean
+.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding demo check-serving format clean
 
 help:
 	@echo "make demo        train, export and serve a small model (see README)"
 	@echo "make test        lint + default tests (TensorFlow, then JAX backend)"
 	@echo "make test-large  the slow tests (real corpora, long runs)"
 	@echo "make bench       benchmarks/ (figures in BENCHMARKS.md)"
+	@echo "make check-serving  check make demo's exports in the two newest TF Serving releases"
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; run make PYTHON=python3"; exit 1; }
@@ -36,6 +37,24 @@ format: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py --out artifacts/demo
 
+# The servability check of every export of `make demo` (the highest version of
+# each model) in the runtime of the newest TF Serving release and the one
+# before (keras_attn/export/releases.py; each runtime is a venv built on first
+# use under ~/.cache/keras_attn/serving: a TensorFlow installation). Fails if any export is
+# not servable; one that could not be fully verified (exit status 3, see
+# docs/SERVING.md) is reported without failing.
+DEMO_EXPORTS ?= artifacts/demo/export
+SERVING_RELEASES ?= $(shell $(PY) -c "from keras_attn.export.releases import newest_releases; print(' '.join(r.version for r in newest_releases(2)))" 2>/dev/null)
+check-serving: $(STAMP)
+	@test -d $(DEMO_EXPORTS) || { echo "no $(DEMO_EXPORTS): run make demo first"; exit 1; }
+	@test -n "$(SERVING_RELEASES)" || { echo "cannot read the release table"; exit 1; }
+	@failed=0; for model in $(DEMO_EXPORTS)/*/; do for release in $(SERVING_RELEASES); do \
+		echo "== $$model in TF Serving $$release"; \
+		$(PY) -m keras_attn.export check $$model --serving-release $$release; status=$$?; \
+		if [ $$status -eq 3 ]; then echo "NOT VERIFIED (not a failure): $$model in $$release"; \
+		elif [ $$status -ne 0 ]; then failed=1; fi; \
+	done; done; exit $$failed
+
 test: lint test-tf test-jax
 
 test-tf: $(STAMP)
@@ -47,7 +66,8 @@ test-jax: $(STAMP)
 test-large: $(STAMP)
 	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest $(PYTEST_FLAGS) -m large
 
-# serving_bench.py needs trained runs (runs/transformer, runs/sentiment): make bench-serving
+# serving_bench.py builds small exports itself; with trained runs
+# (--translator-run, --sentiment-run, --language-model-run) it serves those.
 bench: $(STAMP)
 	@for script in attention blocks generation pipeline training pretrained; do \
 		echo "== benchmarks/$${script}_bench.py"; $(PY) benchmarks/$${script}_bench.py || exit 1; \

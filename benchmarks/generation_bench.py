@@ -67,8 +67,8 @@ class DecoderLM:
         self.position_embedding = keras.layers.Embedding(POSITIONS, MODEL_DIM)
         self.blocks = [
             TransformerDecoderBlock(
-                HEADS,
-                INTERMEDIATE,
+                intermediate_dim=INTERMEDIATE,
+                num_heads=HEADS,
                 dropout=0.0,
                 activation=gelu_approximate,
                 normalize_first=True,

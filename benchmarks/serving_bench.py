@@ -1,13 +1,34 @@
-"""Serving latency of exported SavedModels, through their loaded signatures.
+"""Serving latency and load of the exports, loaded as TF Serving loads them.
 
-Exports the trained translator of a `examples/translate.py` run (beam search
-width 4, and width 1 = greedy) and the classifier of a
-`examples/sentiment.py` run, loads each export with `tf.saved_model.load` as
-a server process would, and times the `serving_default` signature on batches
-of 1 and 16 test sentences: p50 and p99 latency, sentences per second.
+One export per task (sentiment, translator, language model) is loaded with
+the TF1 loader and the `serve` tag, in one session, as `tensorflow_model_server`
+loads it (`keras_attn.export.serving.StandInServer`; requests go in as
+`PredictRequest`s, answers come out as `PredictResponse`s, without the
+server's network layer or batching queue). Then:
+
+1. Sequential latency: `serving_default` on batches of 1 and 16 texts, one
+   call at a time after 3 warm-up calls: p50 and p99 latency, texts per
+   second.
+2. Under load: for each number of client threads (1, 4, 16, 64) and batch
+   size (1, 8, 32), every thread sends requests back to back for `--seconds`:
+   throughput (texts per second), p50 and p99 latency per request, errors
+   (must be 0), and every answer compared with the answer to the same
+   request sent alone before the load (must be equal).
+3. Memory: resident memory after 3 warm-up rounds of 16 threads sending
+   every batch size, and after 20 more rounds (must not grow by more than 5%).
+
+The process exits with status 1 if any of the "must" conditions fails.
+
+The exports: `--sentiment-export`, `--translator-export`,
+`--language-model-export` (model or version directories, e.g.
+`artifacts/demo/export/sentiment`), or `--translator-run` and
+`--sentiment-run` (trained runs of the example scripts, exported here with
+their defaults), or, for a task given neither way, the export of the example
+script's `--smoke` run (trained for seconds), made in a temporary directory.
 
     .venv/bin/python benchmarks/serving_bench.py \
-        --translator-run runs/transformer --sentiment-run runs/sentiment
+        --sentiment-export artifacts/demo/export/sentiment \
+        --translator-export artifacts/demo/export/translator
 """
 
 from __future__ import annotations
@@ -15,109 +36,334 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_attn.datasets import load_movie_reviews, load_translation_pairs
-from keras_attn.export import export_sentiment, export_translator
-from keras_attn.models import load_pretrained
-from keras_attn.text import SubwordTokenizer
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+TASKS = ("sentiment", "translator", "language_model")
+INPUT_NAMES = {"sentiment": "text", "translator": "text", "language_model": "prompt"}
 
 
-def latencies(signature, texts, batch_size, calls, warmup=3):
-    batches = [
-        texts[(i * batch_size) % len(texts) :][:batch_size] for i in range(calls)
+def fixture_texts() -> dict:
+    """Texts per task: the fixtures' English sentences and movie snippets."""
+    english = [
+        line.split("\t")[0]
+        for line in (FIXTURES / "de_en_pairs.tsv").read_text().splitlines()
+        if line.strip()
     ]
-    batches = [b if len(b) == batch_size else texts[:batch_size] for b in batches]
-    for batch in batches[:warmup]:
-        signature(text=tf.constant(batch))
+    reviews = [
+        line.split("\t")[2]
+        for line in (FIXTURES / "movie_ground_truth.txt").read_text().splitlines()
+        if line.strip()
+    ]
+    plays = [
+        line
+        for line in (FIXTURES / "play_sample.txt").read_text().splitlines()
+        if len(line) > 20
+    ]
+    return {
+        "sentiment": reviews + english,
+        "translator": english,
+        "language_model": plays[:40],
+    }
+
+
+def smoke_export(task: str, root: Path) -> Path:
+    """The export of `examples/<script>.py --smoke` for `task`."""
+    reviews = root / "reviews.tsv"
+    if not reviews.exists():
+        rows = (FIXTURES / "movie_ground_truth.txt").read_text().splitlines()
+        labelled = [
+            (int(float(rating) > 0), text)
+            for _, rating, text in (row.split("\t") for row in rows if row.strip())
+            if float(rating) != 0
+        ]
+        lines = [
+            f"{label}\t{text} (take {i})" for i in range(12) for label, text in labelled
+        ]
+        reviews.write_text("\n".join(lines) + "\n")
+        (root / "play.txt").write_text((FIXTURES / "play_sample.txt").read_text() * 20)
+    script, args = {
+        "sentiment": ("sentiment.py", ["--pretrained", "none", "--data", reviews]),
+        "translator": (
+            "translate.py",
+            ["--pretrained", "none", "--data", FIXTURES / "de_en_pairs.tsv"],
+        ),
+        "language_model": ("language_model.py", ["--data", root / "play.txt"]),
+    }[task]
+    out = root / task
+    print(f"building the {task} export: examples/{script} --smoke", flush=True)
+    subprocess.run(
+        [sys.executable, REPO / "examples" / script, "--smoke", *args, "--out", out],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    return out / "export" / task
+
+
+def run_export(task: str, run: Path, root: Path, beam_width: int = 4) -> Path:
+    """Export a trained run of translate.py or sentiment.py, with its defaults
+    (the translator with `beam_width`)."""
+    import keras
+
+    from keras_attn.export import export_sentiment, export_translator
+    from keras_attn.models import load_pretrained
+    from keras_attn.text import SubwordTokenizer
+
+    config = json.loads((run / "metrics.json").read_text())["config"]
+    checkpoint = load_pretrained(config.get("pretrained", "none"))
+    model = keras.saving.load_model(run / "model.keras", compile=False)
+    if task == "translator":
+        target = SubwordTokenizer(
+            run / "vocab" / ("de.model" if checkpoint else "en_de.model")
+        )
+        source = (
+            checkpoint.tokenizer(max_length=config["max_length"])
+            if checkpoint
+            else target
+        )
+        return export_translator(
+            model,
+            source,
+            target,
+            root,
+            model_name=f"translator_{beam_width}",
+            max_length=40,
+            beam_width=beam_width,
+        )
+    tokenizer = (
+        checkpoint.tokenizer(max_length=config["max_length"])
+        if checkpoint
+        else SubwordTokenizer(run / "vocab" / "sentiment.model")
+    )
+    return export_sentiment(model, tokenizer, root, max_length=64)
+
+
+def batches(texts: list, size: int, count: int) -> list:
+    """`count` batches of `size` texts, cycling through `texts`."""
+    return [
+        [texts[(start * size + i) % len(texts)] for i in range(size)]
+        for start in range(count)
+    ]
+
+
+def ask(server, task: str, batch: list):
+    from keras_attn.export.predict_protocol import response_arrays
+    from keras_attn.export.serving import predict_request
+
+    request = predict_request(
+        server.model_name, "serving_default", {INPUT_NAMES[task]: batch}
+    )
+    return response_arrays(server.predict(request))
+
+
+def same(got: dict, want: dict) -> bool:
+    for name, value in want.items():
+        if got[name].shape != value.shape:
+            return False
+        if value.dtype.kind == "f":
+            if not np.allclose(got[name], value, rtol=1e-5, atol=1e-6):
+                return False
+        elif not np.array_equal(got[name], value):
+            return False
+    return True
+
+
+def sequential(server, task, texts, batch_size, calls):
+    pool = batches(texts, batch_size, calls)
+    for batch in pool[:3]:
+        ask(server, task, batch)
     times = []
-    for batch in batches:
+    for batch in pool:
         start = time.perf_counter()
-        outputs = signature(text=tf.constant(batch))
-        for value in outputs.values():
-            value.numpy()
+        ask(server, task, batch)
         times.append(time.perf_counter() - start)
-    times = np.array(times)
-    p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
+    p50, p99 = np.percentile(times, [50, 99])
     return p50 * 1000, p99 * 1000, batch_size / np.median(times)
 
 
-def run_tokenizers(run: Path, target_vocabulary, scratch_vocabulary):
-    """`(source or input tokenizer, target tokenizer)` of an example run: the
-    pretrained encoder's WordPiece (its `metrics.json` names the encoder) and
-    `vocab/<target_vocabulary>`, or, trained from scratch, the shared
-    `vocab/<scratch_vocabulary>` for both."""
-    config = json.loads((run / "metrics.json").read_text())["config"]
-    checkpoint = load_pretrained(config.get("pretrained", "none"))
-    if checkpoint is None:
-        tokenizer = SubwordTokenizer(run / "vocab" / scratch_vocabulary)
-        return tokenizer, tokenizer
-    source = checkpoint.tokenizer(max_length=config["max_length"])
-    target = target_vocabulary and SubwordTokenizer(run / "vocab" / target_vocabulary)
-    return source, target
+def under_load(server, task, texts, threads, batch_size, seconds, expected):
+    """Every thread sends its own cycle of `expected`'s batches for
+    `seconds`; returns (texts/s, p50 ms, p99 ms, errors, mismatches)."""
+    pool = expected[batch_size]
+    latencies, rows, errors, mismatches = [], [0], [], [0]
+    lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def client(index):
+        local_times, local_rows, local_bad, call = [], 0, 0, index
+        while time.perf_counter() < deadline:
+            batch, want = pool[call % len(pool)]
+            call += 1
+            start = time.perf_counter()
+            try:
+                got = ask(server, task, batch)
+            except Exception as error:  # counted, not raised: the run goes on
+                with lock:
+                    errors.append(repr(error))
+                continue
+            local_times.append(time.perf_counter() - start)
+            local_rows += len(batch)
+            local_bad += not same(got, want)
+        with lock:
+            latencies.extend(local_times)
+            rows[0] += local_rows
+            mismatches[0] += local_bad
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=client, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    p50, p99 = np.percentile(latencies, [50, 99]) if latencies else (np.nan, np.nan)
+    return rows[0] / elapsed, p50 * 1000, p99 * 1000, len(errors), mismatches[0]
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux: /proc/self/statm)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_rounds(server, task, texts, batch_sizes, warmup_rounds, rounds, threads=16):
+    """Resident bytes after `warmup_rounds` and after `rounds` more, each
+    round `threads` threads sending one request of every batch size."""
+
+    def one_round():
+        def client(index):
+            for size in batch_sizes:
+                ask(server, task, batches(texts[index:] + texts[:index], size, 1)[0])
+
+        workers = [threading.Thread(target=client, args=(i,)) for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
+    for _ in range(warmup_rounds):
+        one_round()
+    before = resident_bytes()
+    for _ in range(rounds):
+        one_round()
+    return before, resident_bytes()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--translator-run", default="runs/transformer")
-    parser.add_argument("--sentiment-run", default="runs/sentiment")
-    parser.add_argument("--calls", type=int, default=40)
-    parser.add_argument("--max-length", type=int, default=40)
+    for task in TASKS:
+        flag = task.replace("_", "-")
+        parser.add_argument(f"--{flag}-export", help=f"a {task} export")
+    parser.add_argument("--translator-run", help="a translate.py run to export")
+    parser.add_argument("--sentiment-run", help="a sentiment.py run to export")
+    parser.add_argument("--threads", default="1,4,16,64")
+    parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per load cell")
+    parser.add_argument("--calls", type=int, default=40, help="sequential calls")
+    parser.add_argument("--warmup-rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--max-memory-growth", type=float, default=0.05)
+    parser.add_argument("--tasks", default=",".join(TASKS))
     args = parser.parse_args()
-    rows = []
+    threads = [int(t) for t in args.threads.split(",")]
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    tasks = args.tasks.split(",")
+
+    from keras_attn.export.serving import StandInServer
+
+    texts = fixture_texts()
+    failures = []
+    sequential_rows, load_rows, memory_rows = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        run = Path(args.translator_run)
-        model = keras.saving.load_model(run / "model.keras", compile=False)
-        source_tokenizer, tokenizer = run_tokenizers(run, "de.model", "en_de.model")
-        sources = [
-            en for en, _ in load_translation_pairs("de-en", alternatives="keep").test
-        ]
-        for name, width in (("beam 4", 4), ("greedy (beam 1)", 1)):
-            path = export_translator(
-                model,
-                source_tokenizer,
-                tokenizer,
-                tmp,
-                model_name=f"translator_{width}",
-                max_length=args.max_length,
-                beam_width=width,
-            )
-            signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-            for batch_size in (1, 16):
-                rows.append(
-                    (
-                        f"translator, {name}",
-                        batch_size,
-                        *latencies(signature, sources, batch_size, args.calls),
+        root = Path(tmp)
+        for task in tasks:
+            export = getattr(args, f"{task}_export")
+            run = getattr(args, f"{task}_run", None)
+            if export is None and run is not None:
+                export = run_export(task, Path(run), root / "runs")
+            if export is None:
+                export = smoke_export(task, root)
+            server = StandInServer(export)
+            variants = [(task, server)]
+            if task == "translator" and run is not None:  # and its greedy export
+                greedy = run_export(task, Path(run), root / "runs", beam_width=1)
+                variants = [
+                    ("translator, beam 4", server),
+                    ("translator, greedy", StandInServer(greedy)),
+                ]
+            for name, variant in variants:
+                for size in (1, 16):
+                    timing = sequential(variant, task, texts[task], size, args.calls)
+                    sequential_rows.append((name, size, *timing))
+            # The answers to each request sent alone, before any load.
+            expected = {
+                size: [
+                    (batch, ask(server, task, batch))
+                    for batch in batches(texts[task], size, 8)
+                ]
+                for size in sizes
+            }
+            for count in threads:
+                for size in sizes:
+                    rate, p50, p99, errors, mismatches = under_load(
+                        server, task, texts[task], count, size, args.seconds, expected
                     )
-                )
-        run = Path(args.sentiment_run)
-        model = keras.saving.load_model(run / "model.keras", compile=False)
-        tokenizer, _ = run_tokenizers(run, None, "sentiment.model")
-        texts = [text for text, _ in load_movie_reviews().test]
-        path = export_sentiment(model, tokenizer, tmp, max_length=64)
-        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-        for batch_size in (1, 16):
-            rows.append(
-                (
-                    "sentiment",
-                    batch_size,
-                    *latencies(signature, texts, batch_size, args.calls),
-                )
+                    load_rows.append(
+                        (task, count, size, rate, p50, p99, errors, mismatches)
+                    )
+                    if errors or mismatches:
+                        failures.append(
+                            f"{task}, {count} threads, batch {size}: {errors} errors, "
+                            f"{mismatches} answers differing from the sequential ones"
+                        )
+            before, after = memory_rounds(
+                server, task, texts[task], sizes, args.warmup_rounds, args.rounds
             )
+            growth = after / before - 1
+            memory_rows.append((task, before, after, growth))
+            if growth > args.max_memory_growth:
+                failures.append(
+                    f"{task}: resident memory grew {growth:.1%} "
+                    f"over {args.rounds} rounds"
+                )
+            server.close()
+    print("\nSequential (one call at a time, serving_default):\n")
+    print("| export | batch | p50 ms | p99 ms | texts/s |\n|---|---:|---:|---:|---:|")
+    for task, size, p50, p99, rate in sequential_rows:
+        print(f"| {task} | {size} | {p50:.1f} | {p99:.1f} | {rate:.1f} |")
+    print(f"\nUnder load ({args.seconds:g} s per row, serving_default):\n")
     print(
-        f"{'export':<28} {'batch':>5} {'p50 ms':>8} {'p99 ms':>8} {'sentences/s':>12}"
+        "| export | threads | batch | texts/s | p50 ms | p99 ms | errors | "
+        "differing |\n|---|---:|---:|---:|---:|---:|---:|---:|"
     )
-    for name, batch_size, p50, p99, rate in rows:
-        print(f"{name:<28} {batch_size:>5} {p50:8.1f} {p99:8.1f} {rate:12.1f}")
+    for task, count, size, rate, p50, p99, errors, mismatches in load_rows:
+        print(
+            f"| {task} | {count} | {size} | {rate:.1f} | {p50:.1f} | {p99:.1f} | "
+            f"{errors} | {mismatches} |"
+        )
+    print(
+        f"\nResident memory after {args.warmup_rounds} warm-up rounds and after "
+        f"{args.rounds} more:\n"
+    )
+    print(
+        "| export | after warm-up MB | after rounds MB | growth |\n|---|---:|---:|---:|"
+    )
+    for task, before, after, growth in memory_rows:
+        print(f"| {task} | {before / 1e6:.0f} | {after / 1e6:.0f} | {growth:+.1%} |")
+    if failures:
+        print("\nFAILED:\n" + "\n".join(failures))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

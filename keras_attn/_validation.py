@@ -10,6 +10,31 @@ import math
 import numbers
 
 
+def is_int(value) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def get_keras_object(name: str, value, kind: str):
+    """A Keras initializer, regularizer or constraint from any of its forms
+    (name, instance, config, `None` where Keras allows it), with the argument
+    named in the error instead of Keras's "Could not interpret ..."."""
+    import keras
+
+    getter = {
+        "initializer": keras.initializers.get,
+        "regularizer": keras.regularizers.get,
+        "constraint": keras.constraints.get,
+    }[kind]
+    try:
+        return getter(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"`{name}` must be a Keras {kind} (a name, an instance or a "
+            f"config). Received: {name}={value!r}"
+        ) from error
+
+
 def check_rate(name: str, value) -> float:
     """A rate or mixture weight in [0, 1) (a dropout rate, a cache's share)."""
     if (

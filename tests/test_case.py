@@ -43,6 +43,43 @@ def flatten(structure):
     return [structure]
 
 
+def outputs_and_gradients(fn, inputs, cotangent, jit: bool = False):
+    """`fn(*inputs)` and the gradients of `sum(fn(*inputs) * cotangent)` w.r.t.
+    each of `inputs`, as numpy arrays (TensorFlow or JAX backend). `jit`
+    compiles the whole computation (`tf.function` / `jax.jit`)."""
+    backend = keras.backend.backend()
+    cotangent = ops.convert_to_tensor(cotangent, "float32")
+
+    def loss(*args):
+        outputs = fn(*args)
+        return ops.sum(ops.cast(outputs, "float32") * cotangent), outputs
+
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        def compute(*args):
+            with tf.GradientTape() as tape:
+                tape.watch(args)
+                value, outputs = loss(*args)
+            return outputs, tape.gradient(value, args)
+
+        if jit:
+            compute = tf.function(compute)
+        outputs, grads = compute(*[tf.convert_to_tensor(x) for x in inputs])
+    elif backend == "jax":
+        import jax
+
+        compute = jax.value_and_grad(
+            loss, argnums=tuple(range(len(inputs))), has_aux=True
+        )
+        if jit:
+            compute = jax.jit(compute)
+        (_, outputs), grads = compute(*[ops.convert_to_tensor(x) for x in inputs])
+    else:  # pragma: no cover - torch is not in the test matrix
+        raise NotImplementedError(backend)
+    return to_numpy(outputs), [to_numpy(grad) for grad in grads]
+
+
 def symbolic_inputs(arrays: dict) -> dict:
     """`keras.Input`s matching a dict of arrays (batch dim left free)."""
     return {

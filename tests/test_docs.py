@@ -27,7 +27,6 @@ KNOWN_FLAGS = {"large", "tf_only"}
 # runnable and removed from here (the packaging/docs issue empties the set).
 NOT_YET_RUNNABLE = {
     "README.md",
-    "docs/BLOCKS.md",
     "docs/DATA_PIPELINES.md",
     "docs/GENERATION.md",
 }

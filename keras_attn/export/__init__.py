@@ -2,7 +2,13 @@
 
 Each exporter writes TF Serving's layout `<base>/<model_name>/<version>/` with
 the tokenizer(s) and the decoding inside the graph, so that the export needs
-TensorFlow and TensorFlow Text only. `check_servable(path)` proves it.
+TensorFlow and TensorFlow Text only, plus the server's warmup requests
+(`warmup`) and the task's batching parameters (`batching`).
+`check_servable(path)` proves it, in this TensorFlow or in that of a TF
+Serving release (`releases`). `serving.StandInServer` answers Predict, REST
+and batched requests around a loaded export as the server would
+(`predict_protocol`): the project's stand-in for the server. See
+docs/SERVING.md.
 """
 
 from keras_attn.export.check import ServabilityReport, check_servable

@@ -62,6 +62,15 @@ def write_export(
     the variables loadable by TF Serving's TF1-style C++ loader. Written to a
     temporary sibling first and renamed, so TF Serving (which polls the model
     directory) never sees a half-written version.
+
+    Next to the SavedModel it writes what a TF Serving operator uses: the
+    task's batching parameters (`batching_params.pbtxt`, read with
+    `--enable_batching --enable_per_model_batching_parameters`) and the
+    warmup requests (`assets.extra/tf_serving_warmup_requests`: each
+    signature at each batch size the graph runs on under that batching),
+    recorded under `serving` in the metadata with the TensorFlow and
+    TensorFlow Text versions the export was written with and the TF Serving
+    image that matches them.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,6 +81,7 @@ def write_export(
         archive.write_out(str(partial), verbose=False)
         extra = partial / "assets.extra"
         extra.mkdir(exist_ok=True)
+        metadata = {**metadata, "serving": _write_serving_files(partial, metadata)}
         (extra / METADATA_FILE).write_text(
             json.dumps(metadata, indent=2, sort_keys=True, default=_jsonable) + "\n"
         )
@@ -82,6 +92,42 @@ def write_export(
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return path
+
+
+def _write_serving_files(version_dir: Path, metadata: dict) -> dict:
+    """Batching parameters and warmup requests for `metadata["task"]`;
+    returns what the metadata records of them."""
+    from keras_attn.export.batching import BATCHING_PARAMS_FILE, task_batching
+    from keras_attn.export.releases import release_for_tensorflow
+    from keras_attn.export.warmup import WARMUP_FILE, warmup_logs, write_warmup
+
+    batching = task_batching(metadata["task"])
+    (version_dir / BATCHING_PARAMS_FILE).write_text(batching.to_text())
+    logs = warmup_logs(
+        metadata["model_name"], metadata["samples"], batching.execution_batch_sizes
+    )
+    write_warmup(version_dir / "assets.extra" / WARMUP_FILE, logs)
+    release = release_for_tensorflow(tf.__version__)
+    return {
+        "tensorflow": tf.__version__,
+        "tensorflow_text": _tensorflow_text_version(),
+        "docker_image": release.docker_image,
+        "batching_parameters": BATCHING_PARAMS_FILE,
+        "warmup_requests": {
+            "file": f"assets.extra/{WARMUP_FILE}",
+            "records": len(logs),
+            "batch_sizes": list(batching.execution_batch_sizes),
+        },
+    }
+
+
+def _tensorflow_text_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tensorflow-text")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _track_variables_once(archive) -> None:

@@ -59,7 +59,7 @@ class BeamSampler(base.Sampler):
     Call arguments:
         As `Sampler` (`next_fn`, `prompt`, `cache`, `max_length`,
         `prompt_lengths`, `end_token_id`, `pad_token_id`, `output_length`,
-        `prefill`), without `seed`.
+        `prefill`, `stop_token_ids`), without `seed`.
 
     Returns:
         `(tokens, scores)`: int32 tokens `(B, output_length)` of the best
@@ -120,11 +120,12 @@ class BeamSampler(base.Sampler):
         output_length: int | None = None,
         seed=None,
         prefill: bool = True,
+        stop_token_ids=None,
     ):
         del seed  # deterministic
         width = self.beam_width
         alpha = self.length_penalty
-        end_token_id = base.check_token_id("end_token_id", end_token_id, True)
+        stop_ids = base.resolve_stop_token_ids(end_token_id, stop_token_ids)
         pad_token_id = base.check_token_id("pad_token_id", pad_token_id)
         output_length, max_length = base.resolve_lengths(max_length, output_length)
         prompt, tokens, lengths = base.prepare_prompt(
@@ -157,7 +158,7 @@ class BeamSampler(base.Sampler):
 
         def cond(sequences, inputs, cache, index, alive, finished, scores):
             going = ops.less(index, max_length - 1)
-            if end_token_id is None:
+            if not stop_ids:
                 return going
             best_alive = ops.max(alive, axis=-1) / best_possible_penalty  # (B,)
             # The best beam is settled once it beats every live beam's bound;
@@ -197,11 +198,11 @@ class BeamSampler(base.Sampler):
             )  # (B, 2W, L)
             cand_sequences = base.write_column(cand_sequences, position, cand_tokens)
             valid = ops.greater(cand_log_probs, _NEG / 2)
-            if end_token_id is None:
+            if not stop_ids:
                 ended = ops.zeros_like(valid)
             else:
                 ended = ops.logical_and(
-                    ops.equal(cand_tokens, end_token_id),
+                    base.is_stop_token(cand_tokens, stop_ids),
                     ops.logical_not(in_prompt)[:, None],
                 )  # (B, 2W)
             # An ended candidate finishes only if it is among the W best of
@@ -222,7 +223,7 @@ class BeamSampler(base.Sampler):
             cache = base.map_cache(lambda x: ops.take(x, rows, axis=0), cache)
 
             # The finished hypotheses: the best of the old and the new.
-            if end_token_id is not None:
+            if stop_ids:
                 generated = position + 1 - lengths  # (B,)
                 penalty = length_penalty(generated, alpha)[:, None]  # (B, 1)
                 new_scores = ops.where(finishing, cand_log_probs / penalty, _NEG)

@@ -20,6 +20,7 @@ def greedy_search(
     pad_token_id: int = 0,
     output_length: int | None = None,
     prefill: bool = True,
+    stop_token_ids=None,
 ):
     """Greedy decoding over a cache: the most probable token at every step.
 
@@ -34,6 +35,8 @@ def greedy_search(
         pad_token_id: filler after the end token and past `max_length`.
         output_length: static width of the result (defaults to `max_length`).
         prefill: fill the cache for the prompt in one call first.
+        stop_token_ids: optional list or tuple of more ids that end a row
+            (keras-hub's name); combined with `end_token_id`.
 
     Returns:
         int32 tokens `(B, output_length)`: prompt, generated tokens, padding.
@@ -56,6 +59,7 @@ def greedy_search(
         pad_token_id=pad_token_id,
         output_length=output_length,
         prefill=prefill,
+        stop_token_ids=stop_token_ids,
     )
 
 
@@ -72,6 +76,7 @@ def beam_search(
     pad_token_id: int = 0,
     output_length: int | None = None,
     prefill: bool = True,
+    stop_token_ids=None,
 ):
     """Beam search with the GNMT length penalty; returns the best beam.
 
@@ -108,6 +113,7 @@ def beam_search(
         pad_token_id=pad_token_id,
         output_length=output_length,
         prefill=prefill,
+        stop_token_ids=stop_token_ids,
     )
 
 
@@ -126,6 +132,7 @@ def sample(
     pad_token_id: int = 0,
     output_length: int | None = None,
     prefill: bool = True,
+    stop_token_ids=None,
 ):
     """Random sampling with temperature, optionally cut to top-k and/or top-p.
 
@@ -169,4 +176,5 @@ def sample(
         output_length=output_length,
         seed=seed,
         prefill=prefill,
+        stop_token_ids=stop_token_ids,
     )

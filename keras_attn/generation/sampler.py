@@ -57,6 +57,40 @@ def check_token_id(name: str, value, allow_none: bool = False):
     return int(value)
 
 
+def resolve_stop_token_ids(end_token_id=None, stop_token_ids=None) -> tuple:
+    """The token ids that finish a row: keras-attn's `end_token_id` and
+    keras-hub's `stop_token_ids` (a list or tuple of ids), together."""
+    ids = []
+    if end_token_id is not None:
+        ids.append(check_token_id("end_token_id", end_token_id))
+    if stop_token_ids is not None:
+        if not isinstance(stop_token_ids, (list, tuple)):
+            raise ValueError(
+                "`stop_token_ids` must be a list or tuple of token ids (as in "
+                f"keras-hub). Received: stop_token_ids={stop_token_ids!r}"
+            )
+        for token_id in stop_token_ids:
+            if not (
+                isinstance(token_id, numbers.Integral)
+                and not isinstance(token_id, bool)
+                and token_id >= 0
+            ):
+                raise ValueError(
+                    "`stop_token_ids` must hold non-negative integer token ids. "
+                    f"Received: stop_token_ids={stop_token_ids!r}"
+                )
+            ids.append(int(token_id))
+    return tuple(dict.fromkeys(ids))
+
+
+def is_stop_token(tokens, stop_token_ids: tuple):
+    """Boolean tensor shaped like `tokens`: whether each is a stop token."""
+    hit = ops.zeros_like(tokens, dtype="bool")
+    for token_id in stop_token_ids:
+        hit = ops.logical_or(hit, ops.equal(tokens, token_id))
+    return hit
+
+
 def resolve_lengths(max_length, output_length):
     """`(output_length: int, max_length: scalar int32 tensor)`.
 
@@ -213,6 +247,9 @@ class Sampler:
         end_token_id: optional int; a row that generates it is finished: it
             keeps it, then emits `pad_token_id`. The loop ends when every
             row is finished.
+        stop_token_ids: optional list or tuple of ints (keras-hub's name):
+            more ids that finish a row, as `end_token_id` does; both may be
+            given.
         pad_token_id: int written after the end token and past `max_length`.
         output_length: static width of the result; defaults to `max_length`
             (then a Python int). Needed when `max_length` is a tensor.
@@ -285,8 +322,9 @@ class Sampler:
         output_length: int | None = None,
         seed=None,
         prefill: bool = True,
+        stop_token_ids=None,
     ):
-        end_token_id = check_token_id("end_token_id", end_token_id, allow_none=True)
+        stop_ids = resolve_stop_token_ids(end_token_id, stop_token_ids)
         pad_token_id = check_token_id("pad_token_id", pad_token_id)
         output_length, max_length = resolve_lengths(max_length, output_length)
         prompt, tokens, lengths = prepare_prompt(
@@ -300,7 +338,7 @@ class Sampler:
 
         def cond(tokens, inputs, cache, index, done):
             going = ops.less(index, max_length - 1)
-            if end_token_id is None:
+            if not stop_ids:
                 return going
             return ops.logical_and(going, ops.logical_not(ops.all(done)))
 
@@ -317,9 +355,9 @@ class Sampler:
             )
             next_token = ops.where(done, pad_token_id, next_token)
             tokens = write_column(tokens, position, next_token)
-            if end_token_id is not None:
+            if stop_ids:
                 ended = ops.logical_and(
-                    ops.logical_not(in_prompt), ops.equal(next_token, end_token_id)
+                    ops.logical_not(in_prompt), is_stop_token(next_token, stop_ids)
                 )
                 done = ops.logical_or(done, ended)
             return tokens, next_token[:, None], cache, position, done

@@ -20,6 +20,8 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.layers._policies import with_quantized_policies
+from keras_attn.ops.attention import check_flash_attention
 
 
 def clone_initializer(initializer):
@@ -29,42 +31,39 @@ def clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
-def first_given(*masks):
-    """The first mask that is not `None` (explicit masks before Keras masks)."""
-    for mask in masks:
-        if mask is not None:
-            return mask
-    return None
-
-
 class TransformerBlockBase(keras.layers.Layer):
     """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`."""
 
     def __init__(
         self,
-        num_heads: int,
         intermediate_dim: int,
-        dropout: float = 0.1,
+        num_heads: int,
+        dropout: float = 0.0,
         activation="relu",
-        normalize_first: bool = False,
         layer_norm_epsilon: float = 1e-5,
-        key_dim: int | None = None,
-        attention_dropout: float | None = None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        normalize_first: bool = False,
+        *,
+        key_dim: int | None = None,
+        attention_dropout: float | None = None,
+        flash_attention: bool | None = None,
         seed: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = v.check_positive_int("num_heads", num_heads)
         self.intermediate_dim = v.check_positive_int(
             "intermediate_dim", intermediate_dim
         )
+        self.num_heads = v.check_positive_int("num_heads", num_heads)
         self.dropout = v.check_rate("dropout", dropout)
         self.attention_dropout = (
             None
             if attention_dropout is None
             else v.check_rate("attention_dropout", attention_dropout)
+        )
+        self.flash_attention = check_flash_attention(
+            flash_attention, self.attention_dropout_rate
         )
         try:
             self.activation = keras.activations.get(activation)
@@ -90,9 +89,13 @@ class TransformerBlockBase(keras.layers.Layer):
             )
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.key_dim = v.check_positive_int("key_dim", key_dim, allow_none=True)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        self.kernel_initializer = v.get_keras_object(
+            "kernel_initializer", kernel_initializer, "initializer"
+        )
+        self.bias_initializer = v.get_keras_object(
+            "bias_initializer", bias_initializer, "initializer"
+        )
+        if seed is not None and not v.is_int(seed):
             raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
         self.seed = seed
         self._seed_offset = 0
@@ -135,6 +138,7 @@ class TransformerBlockBase(keras.layers.Layer):
         return {
             "num_heads": self.num_heads,
             "dropout": self.attention_dropout_rate,
+            "flash_attention": self.flash_attention,
             "kernel_initializer": clone_initializer(self.kernel_initializer),
             "bias_initializer": clone_initializer(self.bias_initializer),
             "seed": self._next_seed(),
@@ -210,19 +214,21 @@ class TransformerBlockBase(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "num_heads": self.num_heads,
                 "intermediate_dim": self.intermediate_dim,
+                "num_heads": self.num_heads,
                 "dropout": self.dropout,
                 "activation": keras.activations.serialize(self.activation),
-                "normalize_first": self.normalize_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
-                "key_dim": self.key_dim,
-                "attention_dropout": self.attention_dropout,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "normalize_first": self.normalize_first,
+                "key_dim": self.key_dim,
+                "attention_dropout": self.attention_dropout,
+                "flash_attention": self.flash_attention,
                 "seed": self.seed,
             }
         )
-        return config
+        # Quantized sublayers keep their policies through save/load.
+        return with_quantized_policies(self, config)

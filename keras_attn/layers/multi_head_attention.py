@@ -1,4 +1,4 @@
-"""`MultiHeadAttention`: scaled dot-product attention over several heads."""
+"""`MultiHeadAttention`: `keras.layers.MultiHeadAttention` with keras-attn's call."""
 
 from __future__ import annotations
 
@@ -8,73 +8,101 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.ops.attention import dot_product_attention
+from keras_attn.layers._policies import with_quantized_policies
+from keras_attn.ops.attention import check_flash_attention, dot_product_attention
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
     causal_mask,
     combine_masks,
     padding_mask,
+    sliding_window_mask,
 )
 
+# The einsum equations of Keras's rank-3 projections: (B, T, d) -> (B, T, N, H)
+# and (B, T, N, H) -> (B, T, d_out).
+_HEAD_PROJECTION = "abc,cde->abde"
+_OUTPUT_PROJECTION = "abcd,cde->abe"
 
-class _ProjectionDense(keras.layers.EinsumDense):
-    """`EinsumDense` whose head projections run as one 2-D matmul.
 
-    On TensorFlow, Keras computes `abc,cde->abde` as a batched matmul that
+def _project(dense, inputs):
+    """`dense(inputs)`; on TensorFlow a plain rank-3 projection is one matmul.
+
+    TensorFlow computes Keras's `abc,cde->abde` as a batched matmul that
     broadcasts the kernel over the batch, whose kernel gradient is a
-    per-example product summed over the batch. Flattening the tokens first
-    gives one `(B*T, d) x (d, N*H)` matmul forward and backward. Same
-    weights, same config as `EinsumDense`.
+    per-example product summed over the batch. Flattening the tokens gives one
+    `(B*T, d) x (d, N*H)` matmul forward and backward, with the same weights.
+    Whatever is not a plain float projection (quantized, LoRA, an activity
+    regularizer, another equation, another backend) goes through the
+    sublayer's own `__call__`.
     """
-
-    def call(self, inputs, training=None):
-        if (
-            self.equation not in ("abc,cde->abde", "abcd,cde->abe")
-            or getattr(self, "quantization_mode", None)
-            or getattr(self, "lora_enabled", False)
-        ):
-            return super().call(inputs, training=training)
-        kernel = ops.cast(self.kernel, self.compute_dtype)
-        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
-        if self.equation == "abc,cde->abde":
-            model_dim, heads, head_dim = kernel.shape
-            flat = ops.reshape(inputs, (-1, model_dim))  # (B*T, d)
-            outputs = ops.matmul(
-                flat, ops.reshape(kernel, (model_dim, heads * head_dim))
+    if (
+        keras.backend.backend() != "tensorflow"
+        or dense.equation not in (_HEAD_PROJECTION, _OUTPUT_PROJECTION)
+        or dense.quantization_mode is not None
+        or dense.lora_enabled
+        or dense.activity_regularizer is not None
+    ):
+        return dense(inputs)
+    dtype = dense.compute_dtype
+    inputs = ops.cast(inputs, dtype)
+    kernel = ops.cast(dense.kernel, dtype)
+    batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+    if dense.equation == _HEAD_PROJECTION:
+        model_dim, heads, head_dim = kernel.shape
+        outputs = ops.matmul(
+            ops.reshape(inputs, (-1, model_dim)),  # (B*T, d)
+            ops.reshape(kernel, (model_dim, heads * head_dim)),
+        )  # (B*T, N*H)
+        if dense.bias is not None:
+            outputs = outputs + ops.reshape(
+                ops.cast(dense.bias, dtype), (heads * head_dim,)
             )
-            if self.bias is not None:
-                outputs = outputs + ops.reshape(
-                    ops.cast(self.bias, outputs.dtype), (heads * head_dim,)
-                )
-            return ops.reshape(
-                outputs, (batch, length, heads, head_dim)
-            )  # (B, T, N, H)
+        outputs = ops.reshape(outputs, (batch, length, heads, head_dim))  # (B,T,N,H)
+    else:
         heads, head_dim, output_dim = kernel.shape
-        flat = ops.reshape(inputs, (-1, heads * head_dim))  # (B*T, N*H)
-        outputs = ops.matmul(flat, ops.reshape(kernel, (heads * head_dim, output_dim)))
-        if self.bias is not None:
-            outputs = outputs + ops.cast(self.bias, outputs.dtype)
-        return ops.reshape(outputs, (batch, length, output_dim))  # (B, T, d_out)
+        outputs = ops.matmul(
+            ops.reshape(inputs, (-1, heads * head_dim)),  # (B*T, N*H)
+            ops.reshape(kernel, (heads * head_dim, output_dim)),
+        )  # (B*T, d_out)
+        if dense.bias is not None:
+            outputs = outputs + ops.cast(dense.bias, dtype)
+        outputs = ops.reshape(outputs, (batch, length, output_dim))  # (B, T, d_out)
+    return dense.activation(outputs)
+
+
+def _product(dims):
+    result = 1
+    for dim in dims:
+        result = result * dim
+    return result
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class MultiHeadAttention(keras.layers.Layer):
-    """Multi-head attention of Vaswani et al. (2017), with a KV cache.
+class MultiHeadAttention(keras.layers.MultiHeadAttention):
+    """Multi-head attention of Vaswani et al. (2017), a drop-in for Keras's.
 
     From "Attention Is All You Need" (https://arxiv.org/abs/1706.03762):
     `MultiHead(Q, K, V) = Concat(head_1..head_h) W_o` with
     `head_i = softmax(Q W_q_i (K W_k_i)ᵀ / sqrt(d_k)) V W_v_i`.
 
-    Weights have the shapes of `keras.layers.MultiHeadAttention` (query, key,
-    value kernels `(d, heads, key_dim)`, output kernel
-    `(heads, value_dim, output_dim)`), so weights copy between the two.
+    A subclass of `keras.layers.MultiHeadAttention`: the constructor, the
+    sublayers (`query_dense`, `key_dense`, `value_dense`, `output_dense`, and
+    the gate with `use_gate`), their names, weight order and config are
+    Keras's, so weights copy between the two, `isinstance` checks, LoRA
+    (`layer.query_dense.enable_lora(rank)`, keras-hub's `enable_lora`),
+    `model.quantize(...)` and dtype-policy maps work as on Keras's layer.
+    The call is keras-attn's. What it adds:
 
-    The softmax runs in float32 under every dtype policy. Without
-    `return_attention_scores` (and without active dropout) the fused
-    `keras.ops.dot_product_attention` path is used; with it, the explicit path
-    materialises the weights; both give the same outputs. A query whose keys
-    are all masked gets zero weights and a zero output row (no bias added).
+    - a KV cache (`cache`, `cache_update_index`) for decoding, as a
+      `(key_cache, value_cache)` tuple or keras-hub's stacked tensor;
+    - `flash_attention` with a definite meaning (see below), the choice of
+      path being made by `keras_attn.ops.attention_path`;
+    - numerics: the softmax runs in float32 under every dtype policy, and a
+      query whose keys are all masked gets zero weights and a zero output row
+      (Keras averages the values for it);
+    - an explicit `query_mask` is combined with the query's Keras mask (Keras
+      replaces the argument by the Keras mask).
 
     Args:
         num_heads: number of heads.
@@ -82,41 +110,71 @@ class MultiHeadAttention(keras.layers.Layer):
         value_dim: size of each head for value; defaults to `key_dim`.
         dropout: dropout rate on the attention weights, in [0, 1).
         use_bias: whether the projections have biases.
-        output_dim: size of the output; defaults to the query's last dim.
+        output_shape: the output's shape besides the batch and query axes
+            (an int or a tuple); defaults to the query's last dimension.
+        attention_axes: the axes attention runs over (an int or a tuple);
+            defaults to every axis but the batch, the heads and the features.
+        sliding_window: optional positive int: each query attends only to the
+            keys within `sliding_window - 1` positions on either side (Keras's
+            symmetric band; with `use_causal_mask`, the causal window).
+        flash_attention: `None` (default): the fastest path that can honour
+            the call (fused `keras.ops.dot_product_attention` where the backend
+            has a fused kernel and no weights or dropout are needed; else the
+            explicit path). `True`: a fused or memory-efficient path is
+            required; a call none can run (`return_attention_scores=True`,
+            active dropout, the TensorFlow backend) raises a `ValueError`, and
+            `dropout > 0` is refused here. `False`: the explicit path, which
+            materialises the weights. `None` follows
+            `keras.config.enable_flash_attention()` /
+            `disable_flash_attention()` when they were called.
         kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer: for the four projections.
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        bias_constraint: of the projections.
+        use_gate: a sigmoid gate on the attention output, computed from the
+            query (Qiu et al. 2025, https://arxiv.org/abs/2505.06708), as in
+            Keras.
         seed: seed of the dropout.
+        output_dim: an alias of an integer `output_shape`; not written to
+            `get_config`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        query: `(batch, Tq, dq)`.
+        query: `(batch, Tq, dq)`, or of higher rank with `attention_axes`.
         value: `(batch, Tv, dv)`; may be `None` when `cache` is given without
             `cache_update_index` (the cache already holds projected keys and
             values).
         key: `(batch, Tv, dk)`; defaults to `value`.
-        query_mask: boolean `(batch, Tq)`; filled from a Keras mask.
+        query_mask: boolean `(batch, Tq)`, combined with the Keras mask of
+            `query`.
         value_mask: boolean `(batch, Tv)`; filled from a Keras mask.
         key_mask: boolean `(batch, Tv)`; filled from a Keras mask.
         attention_mask: boolean `(batch, Tq, Tv)`, `True` for pairs that take
-            part; combined with the padding masks.
+            part; combined with the padding masks. With higher-rank inputs,
+            broadcastable to `(batch, <other axes>, <query attention axes>,
+            <key attention axes>)` as in Keras.
+        return_attention_scores: also return the weights.
+        training: whether dropout is active.
         use_causal_mask: mask future keys (`j > i`; `j > i + cache_update_index`
             when decoding with a cache).
-        return_attention_scores: also return the weights
-            `(batch, heads, Tq, Tv)`.
-        training: whether dropout is active.
-        cache: optional tuple `(key_cache, value_cache)`, each
-            `(batch, Tmax, heads, head_dim)`. With `cache_update_index`, the
-            projected keys and values of this call are written into the cache
-            at that index (`keras_attn.ops.update_cache`) and the query attends to the
-            whole cache; the masks then cover the `Tmax` cache positions.
-            Without it the cache is used as it is (cross-attention keys and
-            values computed once per source with `compute_key_value`).
+        cache: optional KV cache, `(batch, Tmax, heads, head_dim)` keys and
+            values, either as a tuple `(key_cache, value_cache)` or stacked
+            as keras-hub's `CachedMultiHeadAttention` takes it,
+            `(batch, 2, Tmax, heads, head_dim)`. With `cache_update_index`,
+            the projected keys and values of this call are written into the
+            cache at that index (`keras_attn.ops.update_cache`) and the query
+            attends to the whole cache; the masks then cover the `Tmax` cache
+            positions. Without it the cache is used as it is (cross-attention
+            keys and values computed once per source with
+            `compute_key_value`).
         cache_update_index: int or scalar tensor.
 
     Returns:
-        One structure per set of arguments: `outputs` `(batch, Tq, output_dim)`;
-        `(outputs, weights)` with `return_attention_scores`; `(outputs, cache)`
-        when a cache is given; `(outputs, weights, cache)` with both.
+        One structure per set of arguments: `outputs` `(batch, Tq, *output_shape)`;
+        `(outputs, weights)` with `return_attention_scores`, weights
+        `(batch, heads, Tq, Tv)` (with higher-rank inputs Keras's
+        `(batch, <other axes>, heads, <query axes>, <key axes>)`);
+        `(outputs, cache)` when a cache is given, the cache in the form it came
+        in; `(outputs, weights, cache)` with both.
 
     Example:
 
@@ -137,95 +195,205 @@ class MultiHeadAttention(keras.layers.Layer):
         value_dim: int | None = None,
         dropout: float = 0.0,
         use_bias: bool = True,
-        output_dim: int | None = None,
+        output_shape=None,
+        attention_axes=None,
+        sliding_window: int | None = None,
+        flash_attention: bool | None = None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         kernel_regularizer=None,
         bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        use_gate: bool = False,
         seed: int | None = None,
+        *,
+        output_dim: int | None = None,
         **kwargs,
     ):
-        super().__init__(**kwargs)
-        self.supports_masking = True
-        self.num_heads = v.check_positive_int("num_heads", num_heads)
-        self.key_dim = v.check_positive_int("key_dim", key_dim)
-        self.value_dim = v.check_positive_int("value_dim", value_dim, allow_none=True)
-        self.dropout = v.check_rate("dropout", dropout)
-        self.use_bias = bool(use_bias)
-        self.output_dim = v.check_positive_int(
-            "output_dim", output_dim, allow_none=True
+        v.check_positive_int("num_heads", num_heads)
+        v.check_positive_int("key_dim", key_dim)
+        v.check_positive_int("value_dim", value_dim, allow_none=True)
+        dropout = v.check_rate("dropout", dropout)
+        output_shape = self._check_output_shape(output_shape, output_dim)
+        if attention_axes is not None and not (
+            v.is_int(attention_axes)
+            or (
+                isinstance(attention_axes, (list, tuple))
+                and attention_axes
+                and all(v.is_int(axis) for axis in attention_axes)
+            )
+        ):
+            raise ValueError(
+                "`attention_axes` must be None, an int or a tuple of ints. "
+                f"Received: attention_axes={attention_axes!r}"
+            )
+        v.check_positive_int("sliding_window", sliding_window, allow_none=True)
+        check_flash_attention(flash_attention, dropout)
+        for name, value, kind in (
+            ("kernel_initializer", kernel_initializer, "initializer"),
+            ("bias_initializer", bias_initializer, "initializer"),
+            ("kernel_regularizer", kernel_regularizer, "regularizer"),
+            ("bias_regularizer", bias_regularizer, "regularizer"),
+            ("activity_regularizer", activity_regularizer, "regularizer"),
+            ("kernel_constraint", kernel_constraint, "constraint"),
+            ("bias_constraint", bias_constraint, "constraint"),
+        ):
+            v.get_keras_object(name, value, kind)
+        if not isinstance(use_gate, bool):
+            raise ValueError(
+                f"`use_gate` must be a bool. Received: use_gate={use_gate!r}"
+            )
+        if seed is not None and not v.is_int(seed):
+            raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        super().__init__(
+            num_heads=int(num_heads),
+            key_dim=int(key_dim),
+            value_dim=None if value_dim is None else int(value_dim),
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            attention_axes=attention_axes,
+            sliding_window=sliding_window,
+            flash_attention=flash_attention,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+            use_gate=use_gate,
+            seed=seed,
+            **kwargs,
         )
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.seed = seed
-        self.seed_generator = (
-            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        )
+        # keras-attn's own copies of what its call reads (Keras keeps them in
+        # private attributes).
+        self.flash_attention = flash_attention
+        self.sliding_window = sliding_window
+        self.use_gate = use_gate
+        self._projection_shape = output_shape  # None or a tuple
+        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
+
+    @staticmethod
+    def _check_output_shape(output_shape, output_dim):
+        v.check_positive_int("output_dim", output_dim, allow_none=True)
+        if output_dim is not None:
+            if output_shape is not None and tuple(
+                (output_shape,) if v.is_int(output_shape) else output_shape
+            ) != (output_dim,):
+                raise ValueError(
+                    "`output_dim` is an alias of an integer `output_shape`: pass "
+                    "one of them. Received: "
+                    f"output_shape={output_shape!r}, output_dim={output_dim!r}"
+                )
+            output_shape = output_dim
+        if output_shape is None:
+            return None
+        dims = (output_shape,) if v.is_int(output_shape) else output_shape
+        if (
+            not isinstance(dims, (list, tuple))
+            or not dims
+            or not all(v.is_int(dim) and dim > 0 for dim in dims)
+        ):
+            raise ValueError(
+                "`output_shape` must be a positive int or a tuple of positive "
+                f"ints. Received: output_shape={output_shape!r}"
+            )
+        return tuple(int(dim) for dim in dims)
+
+    # -- properties -------------------------------------------------------------
 
     @property
-    def head_value_dim(self) -> int:
-        return self.value_dim or self.key_dim
+    def output_dim(self) -> int | None:
+        """The output size when `output_shape` is one int (else `None`)."""
+        shape = self._projection_shape
+        return shape[0] if shape is not None and len(shape) == 1 else None
 
-    def _dense(self, name, equation, output_shape, bias_axes):
-        dense = _ProjectionDense(
-            equation,
-            output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
-        # Masks are handled by this layer; let a Keras mask on the input pass
-        # the projection instead of warning that it is dropped.
-        dense.supports_masking = True
-        return dense
+    @property
+    def gate_dense(self):
+        """The gate's projection with `use_gate=True` (Keras names it `gate`)."""
+        # Keras creates it in `build` under a private name only.
+        return self._gate_dense if self.use_gate else None
+
+    # -- build -----------------------------------------------------------------
 
     def build(self, query_shape, value_shape=None, key_shape=None):
-        v.check_rank("query", query_shape, 3)
         if value_shape is None:
             raise ValueError(
                 "`value` is needed to build the layer (it may be None only on "
                 "later calls with a precomputed cache). Received: value=None"
             )
-        v.check_rank("value", value_shape, 3)
         key_shape = value_shape if key_shape is None else key_shape
-        v.check_rank("key", key_shape, 3)
+        query_shape, value_shape, key_shape = (
+            tuple(query_shape),
+            tuple(value_shape),
+            tuple(key_shape),
+        )
+        self._check_shapes(query_shape, value_shape, key_shape)
+        rank = len(query_shape)
+        if self.attention_axes is not None:
+            axes = (
+                (self.attention_axes,)
+                if v.is_int(self.attention_axes)
+                else tuple(self.attention_axes)
+            )
+            normalized = [axis if axis >= 0 else rank + axis for axis in axes]
+            if not all(1 <= axis <= rank - 2 for axis in normalized) or len(
+                set(normalized)
+            ) != len(normalized):
+                raise ValueError(
+                    "`attention_axes` must be distinct axes of the inputs other "
+                    "than the batch (0) and the features (-1). Received: "
+                    f"attention_axes={self.attention_axes!r}, "
+                    f"query.shape={query_shape}"
+                )
+        # Keras compares the non-last dimensions of key and value exactly;
+        # they were checked above allowing unknown sizes.
+        super().build(query_shape, value_shape, (*value_shape[:-1], key_shape[-1]))
+        for dense in self._projections():
+            # Masks are handled by this layer; let a Keras mask on the input
+            # pass the projection instead of warning that it is dropped.
+            dense.supports_masking = True
+
+    def _projections(self):
+        dense = [self.query_dense, self.key_dense, self.value_dense, self.output_dense]
+        return dense + ([self.gate_dense] if self.use_gate else [])
+
+    @staticmethod
+    def _check_shapes(query_shape, value_shape, key_shape):
         for name, shape in (
             ("query", query_shape),
             ("value", value_shape),
             ("key", key_shape),
         ):
+            if len(shape) < 3:
+                raise ValueError(
+                    f"`{name}` must have rank 3 or more (batch, positions..., "
+                    f"features). Received: {name}.shape={shape}"
+                )
             if shape[-1] is None:
                 raise ValueError(
                     f"The last dimension of `{name}` must be known. "
-                    f"Received: {name}.shape={tuple(shape)}"
+                    f"Received: {name}.shape={shape}"
                 )
-        heads, key_dim, value_dim = self.num_heads, self.key_dim, self.head_value_dim
-        output_dim = self.output_dim or query_shape[-1]
-        # (B, T, d) -> (B, T, N, H)
-        self.query_dense = self._dense(
-            "query", "abc,cde->abde", (None, heads, key_dim), "de"
-        )
-        self.query_dense.build(query_shape)
-        self.key_dense = self._dense(
-            "key", "abc,cde->abde", (None, heads, key_dim), "de"
-        )
-        self.key_dense.build(key_shape)
-        self.value_dense = self._dense(
-            "value", "abc,cde->abde", (None, heads, value_dim), "de"
-        )
-        self.value_dense.build(value_shape)
-        # (B, T, N, Hv) -> (B, T, d_out)
-        self.output_dense = self._dense(
-            "attention_output", "abcd,cde->abe", (None, output_dim), "e"
-        )
-        self.output_dense.build((query_shape[0], query_shape[1], heads, value_dim))
-        self.built = True
+        if len(value_shape) != len(query_shape):
+            raise ValueError(
+                "`query` and `value` must have the same rank. Received: "
+                f"query.shape={query_shape}, value.shape={value_shape}"
+            )
+        if len(key_shape) != len(value_shape) or not all(
+            v.same_dim(a, b)
+            for a, b in zip(value_shape[1:-1], key_shape[1:-1], strict=True)
+        ):
+            raise ValueError(
+                "All dimensions of `value` and `key`, except the last one, must "
+                f"be equal. Received: value.shape={value_shape}, "
+                f"key.shape={key_shape}"
+            )
+
+    # -- caches ------------------------------------------------------------------
 
     def compute_key_value(self, value, key=None):
         """Projected `(key_heads, value_heads)`, each `(batch, Tv, heads, dim)`.
@@ -234,11 +402,91 @@ class MultiHeadAttention(keras.layers.Layer):
         pass them as `cache` (without `cache_update_index`) at every step.
         """
         key = value if key is None else key
-        return self.key_dense(key), self.value_dense(value)
+        return _project(self.key_dense, key), _project(self.value_dense, value)
 
-    def _check_masks(
-        self, query, key_length, query_mask, value_mask, key_mask, attention_mask
+    def _check_cache(self, cache) -> bool:
+        """Validate either cache form; `True` for keras-hub's stacked tensor."""
+        if isinstance(cache, (tuple, list)):
+            if len(cache) != 2:
+                raise ValueError(
+                    "`cache` must be a tuple (key_cache, value_cache) or a "
+                    "stacked (batch, 2, Tmax, heads, head_dim) tensor. "
+                    f"Received: cache={cache!r}"
+                )
+            for name, tensor, dim in (
+                ("key_cache", cache[0], self.key_dim),
+                ("value_cache", cache[1], self.value_dim),
+            ):
+                v.check_mask_shape(name, tensor, (None, None, self.num_heads, dim))
+            return False
+        if not hasattr(cache, "shape") or len(cache.shape) != 5:
+            raise ValueError(
+                "`cache` must be a tuple (key_cache, value_cache) or a stacked "
+                "(batch, 2, Tmax, heads, head_dim) tensor. Received: "
+                f"cache={cache!r}"
+            )
+        if self.key_dim != self.value_dim:
+            raise ValueError(
+                "A stacked cache needs `value_dim == key_dim`; pass a tuple "
+                f"(key_cache, value_cache). Received: key_dim={self.key_dim}, "
+                f"value_dim={self.value_dim}"
+            )
+        v.check_mask_shape(
+            "cache", cache, (None, 2, None, self.num_heads, self.key_dim)
+        )
+        return True
+
+    @staticmethod
+    def _cache_length(cache):
+        """The number of positions a cache (of either form) holds."""
+        if isinstance(cache, (tuple, list)):
+            return cache[0].shape[1]
+        return cache.shape[2]
+
+    # -- the forward pass ----------------------------------------------------------
+
+    def _check_call(
+        self,
+        query,
+        key_length,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        cache,
+        cache_update_index,
     ):
+        rank = len(query.shape)
+        if cache is None and cache_update_index is not None:
+            raise ValueError(
+                "`cache_update_index` needs a `cache`. Received: cache=None, "
+                f"cache_update_index={cache_update_index!r}"
+            )
+        if rank > 3:
+            for name, value in (
+                ("query_mask", query_mask),
+                ("value_mask", value_mask),
+                ("key_mask", key_mask),
+                ("cache", cache),
+            ):
+                if value is not None:
+                    raise ValueError(
+                        f"`{name}` needs rank-3 inputs (attention over axis 1); "
+                        "mask inputs of higher rank with `attention_mask`. "
+                        f"Received: {name} with query.shape={tuple(query.shape)}"
+                    )
+            for name, value in (
+                ("use_causal_mask", use_causal_mask),
+                ("sliding_window", self.sliding_window),
+            ):
+                if value:
+                    raise ValueError(
+                        f"`{name}` needs rank-3 inputs (attention over axis 1). "
+                        f"Received: {name}={value!r}, "
+                        f"query.shape={tuple(query.shape)}"
+                    )
+            return
         batch, query_length = query.shape[0], query.shape[1]
         v.check_mask_shape("query_mask", query_mask, (batch, query_length))
         v.check_mask_shape("value_mask", value_mask, (batch, key_length))
@@ -247,17 +495,81 @@ class MultiHeadAttention(keras.layers.Layer):
             "attention_mask", attention_mask, (batch, query_length, key_length)
         )
 
-    def _check_cache(self, cache):
-        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
-            raise ValueError(
-                "`cache` must be a tuple (key_cache, value_cache). "
-                f"Received: cache={cache!r}"
-            )
-        for name, tensor, dim in (
-            ("key_cache", cache[0], self.key_dim),
-            ("value_cache", cache[1], self.head_value_dim),
-        ):
-            v.check_mask_shape(name, tensor, (None, None, self.num_heads, dim))
+    def _layout(self, rank: int):
+        """How a projected `(B, <axes>, N, H)` tensor of `rank` is laid out for
+        `dot_product_attention`: `(permutation, batch_axes, attention_axes)`.
+
+        The permutation moves the attention axes next to the heads:
+        `(B, <other axes>, <attention axes>, N, H)`; it is `None` for rank-3
+        inputs attending over axis 1 (nothing to move).
+        """
+        axes = tuple(self.attention_axes)
+        other = tuple(a for a in range(1, rank - 2) if a not in axes)
+        if rank == 4 and axes == (1,):
+            return None, (), axes
+        return (0, *other, *axes, rank - 2, rank - 1), other, axes
+
+    def _to_blocks(self, heads, layout):
+        """`(B, <axes>, N, H)` -> `(B', T', N, H)`: the other axes joined to the
+        batch, the attention axes joined into one."""
+        permutation, other, axes = layout
+        if permutation is None:
+            return heads
+        heads = ops.transpose(heads, permutation)
+        shape = ops.shape(heads)
+        length = _product(shape[1 + len(other) : 1 + len(other) + len(axes)])
+        return ops.reshape(heads, (-1, length, shape[-2], shape[-1]))
+
+    def _block_mask(self, attention_mask, query_heads, key_heads, layout):
+        """A higher-rank `attention_mask` as `(B', Tq', Tk')` (Keras's
+        broadcasting: missing axes are inserted before the query axes)."""
+        permutation, other, axes = layout
+        mask = padding_mask(attention_mask)
+        full_rank = 1 + len(other) + 2 * len(axes)
+        while len(mask.shape) < full_rank:
+            mask = ops.expand_dims(mask, len(mask.shape) - 2 * len(axes))
+        query_shape = ops.shape(ops.transpose(query_heads, permutation))
+        key_shape = ops.shape(ops.transpose(key_heads, permutation))
+        target = (
+            *query_shape[: 1 + len(other) + len(axes)],
+            *key_shape[1 + len(other) : 1 + len(other) + len(axes)],
+        )  # (B, <other>, <query axes>, <key axes>)
+        mask = ops.broadcast_to(mask, target)
+        return ops.reshape(
+            mask,
+            (
+                -1,
+                _product(target[1 + len(other) : 1 + len(other) + len(axes)]),
+                _product(target[1 + len(other) + len(axes) :]),
+            ),
+        )  # (B', Tq', Tk')
+
+    def _from_blocks(self, attended, weights, has_keys, query_heads, key_heads, layout):
+        """Undo `_to_blocks` on the outputs, the weights (to Keras's layout) and
+        the rows-with-keys mask (to the query's positions)."""
+        permutation, other, axes = layout
+        if permutation is None:
+            return attended, weights, has_keys
+        query_shape = ops.shape(ops.transpose(query_heads, permutation))
+        key_shape = ops.shape(ops.transpose(key_heads, permutation))
+        positions = query_shape[:-2]  # (B, <other>, <query axes>)
+        inverse = [permutation.index(axis) for axis in range(len(permutation))]
+        attended = ops.reshape(attended, (*positions, *ops.shape(attended)[-2:]))
+        attended = ops.transpose(attended, inverse)  # (B, <axes>, N, Hv)
+        if weights is not None:
+            weights = ops.reshape(
+                weights,
+                (
+                    *positions[: 1 + len(other)],
+                    self.num_heads,
+                    *positions[1 + len(other) :],
+                    *key_shape[1 + len(other) : 1 + len(other) + len(axes)],
+                ),
+            )  # (B, <other>, N, <query axes>, <key axes>)
+        if has_keys is not None:
+            has_keys = ops.reshape(has_keys, positions)
+            has_keys = ops.transpose(has_keys, inverse[:-2])  # (B, <axes>)
+        return attended, weights, has_keys
 
     def call(
         self,
@@ -268,67 +580,124 @@ class MultiHeadAttention(keras.layers.Layer):
         value_mask=None,
         key_mask=None,
         attention_mask=None,
-        use_causal_mask: bool = False,
         return_attention_scores: bool = False,
         training=None,
+        use_causal_mask: bool = False,
         cache=None,
         cache_update_index=None,
     ):
-        v.check_rank("query", query.shape, 3)
-        if cache is None and cache_update_index is not None:
+        # Keras fills `query_mask` from the query's Keras mask only when it is
+        # not given; combine the two instead of dropping one. (There is no
+        # public reader of a tensor's Keras mask: this is what Keras reads.)
+        query_mask = combine_masks(
+            query_mask, getattr(query, "_keras_mask", None)
+        )  # (B, Tq)
+        rank = len(query.shape)
+        if rank < 3:
             raise ValueError(
-                "`cache_update_index` needs a `cache`. Received: cache=None, "
-                f"cache_update_index={cache_update_index!r}"
+                "`query` must have rank 3 or more (batch, positions..., "
+                f"features). Received: query.shape={tuple(query.shape)}"
             )
-        query_heads = self.query_dense(query)  # (B, Tq, N, H)
+        stacked = cache is not None and self._check_cache(cache)
+        self._check_call(
+            query,
+            (
+                self._cache_length(cache)
+                if cache is not None
+                else (value if key is None else key).shape[1]
+            ),
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            cache,
+            cache_update_index,
+        )
+        query_heads = _project(self.query_dense, query)  # (B, Tq, N, H)
+        gate = _project(self.gate_dense, query) if self.use_gate else None
         if cache is None or cache_update_index is not None:
-            new_keys, new_values = self.compute_key_value(value, key)
+            new_keys, new_values = self.compute_key_value(value, key)  # (B,Tv,N,H)
         if cache is None:
             key_heads, value_heads = new_keys, new_values
         else:
-            self._check_cache(cache)
-            key_cache, value_cache = cache  # (B, Tmax, N, H) each
+            if stacked:  # (B, 2, Tmax, N, H)
+                key_cache, value_cache = cache[:, 0, ...], cache[:, 1, ...]
+            else:
+                key_cache, value_cache = cache
             if cache_update_index is None:
-                key_heads, value_heads = key_cache, value_cache
+                key_heads, value_heads = key_cache, value_cache  # (B, Tmax, N, H)
             else:
                 key_heads = update_cache(key_cache, new_keys, cache_update_index)
                 value_heads = update_cache(value_cache, new_values, cache_update_index)
-            cache = (key_heads, value_heads)
-        key_length = key_heads.shape[1]
-        self._check_masks(
-            query, key_length, query_mask, value_mask, key_mask, attention_mask
-        )
-
-        mask = combine_masks(
-            attention_mask_from_padding(
-                query_mask, combine_masks(value_mask, key_mask)
-            ),  # (B, Tq|1, Tk|1)
-            padding_mask(attention_mask),  # (B, Tq, Tk)
-        )
-        if use_causal_mask:
+            cache = (
+                ops.stack((key_heads, value_heads), axis=1)  # (B, 2, Tmax, N, H)
+                if stacked
+                else (key_heads, value_heads)
+            )
+        layout = self._layout(rank + 1)
+        if layout[0] is None:
+            mask = combine_masks(
+                attention_mask_from_padding(
+                    query_mask, combine_masks(value_mask, key_mask)
+                ),  # (B, Tq|1, Tk|1)
+                padding_mask(attention_mask),  # (B, Tq, Tk)
+            )
             offset = 0 if cache_update_index is None else cache_update_index
-            causal = causal_mask(ops.shape(query)[1], ops.shape(key_heads)[1], offset)[
+            query_length, key_length = ops.shape(query)[1], ops.shape(key_heads)[1]
+            # Causal masking alone, without a cache: the backend's causal
+            # kernel, no (Tq, Tk) mask (as Keras routes it).
+            is_causal = (
+                use_causal_mask
+                and mask is None
+                and self.sliding_window is None
+                and cache is None
+            )
+            if use_causal_mask and not is_causal:
+                mask = combine_masks(
+                    mask, causal_mask(query_length, key_length, offset)[None]
+                )  # (B|1, Tq, Tk)
+            if self.sliding_window is not None:
+                mask = combine_masks(
+                    mask,
+                    sliding_window_mask(
+                        query_length, key_length, self.sliding_window, offset
+                    )[None],
+                )  # (B|1, Tq, Tk)
+        else:
+            is_causal = False
+            mask = (
                 None
-            ]  # (1, Tq, Tk)
-            mask = causal if mask is None else ops.logical_and(mask, causal)
-        head_mask = None if mask is None else ops.expand_dims(mask, 1)  # (B, 1, Tq, Tk)
+                if attention_mask is None
+                else self._block_mask(attention_mask, query_heads, key_heads, layout)
+            )  # (B', Tq', Tk')
 
         attended = dot_product_attention(
-            query_heads,
-            ops.cast(key_heads, query_heads.dtype),
-            ops.cast(value_heads, query_heads.dtype),
-            mask=head_mask,
+            self._to_blocks(query_heads, layout),
+            ops.cast(self._to_blocks(key_heads, layout), query_heads.dtype),
+            ops.cast(self._to_blocks(value_heads, layout), query_heads.dtype),
+            mask=None if mask is None else ops.expand_dims(mask, 1),  # (B, 1, Tq, Tk)
             scale=1.0 / math.sqrt(self.key_dim),
             return_weights=return_attention_scores,
             dropout_rate=self.dropout,
             training=training,
             seed_generator=self.seed_generator,
-        )  # (B, Tq, N, Hv) [, (B, N, Tq, Tk)]
+            is_causal=is_causal,
+            flash_attention=self.flash_attention,
+        )  # (B', Tq', N, Hv) [, (B', N, Tq', Tk')]
+        weights = None
         if return_attention_scores:
             attended, weights = attended
-        outputs = self.output_dense(attended)  # (B, Tq, d_out)
-        if mask is not None:
-            has_keys = ops.any(mask, axis=-1)[..., None]  # (B|1, Tq|1, 1)
+        has_keys = None if mask is None else ops.any(mask, axis=-1)  # (B|1, Tq|1)
+        attended, weights, has_keys = self._from_blocks(
+            attended, weights, has_keys, query_heads, key_heads, layout
+        )  # (B, <axes>, N, Hv)
+        if gate is not None:
+            attended = ops.multiply(attended, ops.cast(gate, attended.dtype))
+        outputs = _project(self.output_dense, attended)  # (B, <axes>, *output_shape)
+        if has_keys is not None:
+            while len(has_keys.shape) < len(outputs.shape):
+                has_keys = ops.expand_dims(has_keys, -1)  # (B|1, <axes>|1, 1...)
             outputs = ops.where(has_keys, outputs, ops.zeros_like(outputs))
         result = (outputs,)
         if return_attention_scores:
@@ -337,8 +706,18 @@ class MultiHeadAttention(keras.layers.Layer):
             result += (cache,)
         return result[0] if len(result) == 1 else result
 
+    # -- Keras anatomy -------------------------------------------------------------
+
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
-        return (*tuple(query_shape)[:-1], self.output_dim or query_shape[-1])
+        query_shape = tuple(query_shape)
+        if value_shape is not None:
+            key_shape = value_shape if key_shape is None else key_shape
+            self._check_shapes(query_shape, tuple(value_shape), tuple(key_shape))
+        return self._outputs_shape(query_shape)
+
+    def _outputs_shape(self, query_shape) -> tuple:
+        query_shape = tuple(query_shape)
+        return query_shape[:-1] + (self._projection_shape or query_shape[-1:])
 
     def compute_output_spec(
         self,
@@ -349,56 +728,73 @@ class MultiHeadAttention(keras.layers.Layer):
         value_mask=None,
         key_mask=None,
         attention_mask=None,
-        use_causal_mask=False,
         return_attention_scores=False,
         training=None,
+        use_causal_mask=False,
         cache=None,
         cache_update_index=None,
     ):
-        v.check_rank("query", query.shape, 3)
         if cache is not None:
             self._check_cache(cache)
-            key_length = cache[0].shape[1]
+            key_length = self._cache_length(cache)
         else:
-            key_length = (value if key is None else key).shape[1]
-        self._check_masks(
-            query, key_length, query_mask, value_mask, key_mask, attention_mask
+            key_shape = (value if key is None else key).shape
+            self._check_shapes(tuple(query.shape), tuple(value.shape), tuple(key_shape))
+            key_length = key_shape[1]
+        self._check_call(
+            query,
+            key_length,
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            cache,
+            cache_update_index,
         )
         result = (
             keras.KerasTensor(
-                self.compute_output_shape(query.shape), dtype=self.compute_dtype
+                self._outputs_shape(query.shape), dtype=self.compute_dtype
             ),
         )
         if return_attention_scores:
-            result += (
-                keras.KerasTensor(
-                    (query.shape[0], self.num_heads, query.shape[1], key_length),
-                    dtype=self.compute_dtype,
-                ),
-            )
+            rank = len(query.shape)
+            if rank == 3:
+                shape = (query.shape[0], self.num_heads, query.shape[1], key_length)
+            else:
+                axes = self._normalized_axes(rank)
+                other = [a for a in range(1, rank - 1) if a not in axes]
+                key_source = value if key is None else key
+                shape = (
+                    query.shape[0],
+                    *(query.shape[a] for a in other),
+                    self.num_heads,
+                    *(query.shape[a] for a in axes),
+                    *(key_source.shape[a] for a in axes),
+                )
+            result += (keras.KerasTensor(shape, dtype=self.compute_dtype),)
         if cache is not None:
-            result += (tuple(keras.KerasTensor(t.shape, dtype=t.dtype) for t in cache),)
+            result += (
+                tuple(keras.KerasTensor(t.shape, dtype=t.dtype) for t in cache)
+                if isinstance(cache, (tuple, list))
+                else keras.KerasTensor(cache.shape, dtype=cache.dtype),
+            )
         return result[0] if len(result) == 1 else result
+
+    def _normalized_axes(self, rank: int) -> tuple:
+        """The attention axes of inputs of `rank` (Keras's default: all but the
+        batch and the features)."""
+        if self.attention_axes is None:
+            return tuple(range(1, rank - 1))
+        axes = (
+            (self.attention_axes,)
+            if v.is_int(self.attention_axes)
+            else self.attention_axes
+        )
+        return tuple(axis if axis >= 0 else rank + axis for axis in axes)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "output_dim": self.output_dim,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "kernel_regularizer": keras.regularizers.serialize(
-                    self.kernel_regularizer
-                ),
-                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
-                "seed": self.seed,
-            }
-        )
-        return config
+        config["flash_attention"] = self.flash_attention
+        # Quantized projections keep their policies through save/load.
+        return with_quantized_policies(self, config)

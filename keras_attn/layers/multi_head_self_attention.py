@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import keras
 
 from keras_attn import _validation as v
@@ -20,10 +22,12 @@ class MultiHeadSelfAttention(MultiHeadAttention):
     Args:
         num_heads: number of heads.
         key_dim: size of each head; defaults to `d_model // num_heads`.
-        causal: apply a causal mask on every call.
+        causal: apply a causal mask on every call (unless the call's
+            `use_causal_mask` says otherwise).
         **kwargs: the other `MultiHeadAttention` arguments (`value_dim`,
-            `dropout`, `use_bias`, `output_dim`, initializers, regularizers,
-            `seed`) and base layer arguments.
+            `dropout`, `use_bias`, `output_shape`, `attention_axes`,
+            `sliding_window`, `flash_attention`, initializers, regularizers,
+            constraints, `use_gate`, `seed`) and base layer arguments.
 
     Call arguments:
         inputs: `(batch, T, d_model)`.
@@ -38,6 +42,8 @@ class MultiHeadSelfAttention(MultiHeadAttention):
         cache, cache_update_index: as in `MultiHeadAttention`; the padding
             `mask` then covers the new tokens only and is applied as a query
             mask, so pass the key padding through `attention_mask`.
+        use_causal_mask: `None` (default) follows `causal`; a bool overrides
+            it for this call.
 
     Returns:
         `outputs` `(batch, T, d_model)`; `(outputs, weights)` with
@@ -59,15 +65,22 @@ class MultiHeadSelfAttention(MultiHeadAttention):
     ):
         v.check_positive_int("num_heads", num_heads)
         self._key_dim_arg = v.check_positive_int("key_dim", key_dim, allow_none=True)
+        self._value_dim_arg = v.check_positive_int(
+            "value_dim", kwargs.get("value_dim"), allow_none=True
+        )
         if not isinstance(causal, bool):
             raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
-        self.causal = causal
         # key_dim is settled in build() when it derives from d_model; 1 is a
         # placeholder that passes the parent's validation.
         super().__init__(num_heads=num_heads, key_dim=key_dim or 1, **kwargs)
+        self.causal = causal
 
     def build(self, inputs_shape):
-        v.check_rank("inputs", inputs_shape, 3)
+        if inputs_shape is None or len(inputs_shape) < 3:
+            raise ValueError(
+                "`inputs` must have rank 3 or more (batch, positions..., "
+                f"features). Received: inputs.shape={inputs_shape}"
+            )
         model_dim = inputs_shape[-1]
         if self._key_dim_arg is None:
             if model_dim is None or model_dim % self.num_heads:
@@ -76,7 +89,11 @@ class MultiHeadSelfAttention(MultiHeadAttention):
                     f"`key_dim` is None. Received: num_heads={self.num_heads}, "
                     f"inputs.shape={tuple(inputs_shape)}"
                 )
-            self.key_dim = model_dim // self.num_heads
+            # Keras's layer keeps the head sizes it projects to in private
+            # attributes, set from `key_dim` at construction.
+            self._key_dim = model_dim // self.num_heads
+            self._value_dim = self._value_dim_arg or self._key_dim
+            self._inverse_sqrt_key_dim = 1.0 / math.sqrt(self._key_dim)
         super().build(inputs_shape, inputs_shape)
 
     def call(
@@ -89,6 +106,7 @@ class MultiHeadSelfAttention(MultiHeadAttention):
         cache=None,
         cache_update_index=None,
         inputs_mask=None,
+        use_causal_mask: bool | None = None,
     ):
         # Keras fills `mask` when `inputs` is the only tensor argument and
         # `inputs_mask` when there are others (an attention mask, a cache).
@@ -100,9 +118,9 @@ class MultiHeadSelfAttention(MultiHeadAttention):
             query_mask=mask,
             value_mask=key_mask,
             attention_mask=attention_mask,
-            use_causal_mask=self.causal,
             return_attention_scores=return_attention_scores,
             training=training,
+            use_causal_mask=self.causal if use_causal_mask is None else use_causal_mask,
             cache=cache,
             cache_update_index=cache_update_index,
         )
@@ -120,6 +138,7 @@ class MultiHeadSelfAttention(MultiHeadAttention):
         cache=None,
         cache_update_index=None,
         inputs_mask=None,
+        use_causal_mask=None,
     ):
         mask = inputs_mask if mask is None else mask
         return super().compute_output_spec(
@@ -129,6 +148,7 @@ class MultiHeadSelfAttention(MultiHeadAttention):
             value_mask=None if cache is not None else mask,
             attention_mask=attention_mask,
             return_attention_scores=return_attention_scores,
+            use_causal_mask=self.causal if use_causal_mask is None else use_causal_mask,
             cache=cache,
             cache_update_index=cache_update_index,
         )
@@ -138,5 +158,11 @@ class MultiHeadSelfAttention(MultiHeadAttention):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"key_dim": self._key_dim_arg, "causal": self.causal})
+        config.update(
+            {
+                "key_dim": self._key_dim_arg,
+                "value_dim": self._value_dim_arg,
+                "causal": self.causal,
+            }
+        )
         return config

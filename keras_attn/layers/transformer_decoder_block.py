@@ -7,10 +7,29 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import TransformerBlockBase, first_given
+from keras_attn.layers._transformer_block import TransformerBlockBase
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
-from keras_attn.ops.masks import padding_mask as as_padding_mask
+from keras_attn.ops.masks import combine_masks
+
+# The two cache forms a call can use (see the class docstring).
+TUPLE_CACHE = "tuple"  # keras-attn: (key_cache, value_cache), `cache_update_index`
+STACKED_CACHE = "stacked"  # keras-hub: (B, 2, L, N, H), `*_cache_update_index`
+
+
+def _describe(value):
+    """A short description of an argument for error messages."""
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_describe(item) for item in value) + ")"
+    if hasattr(value, "shape"):
+        return f"<tensor of shape {tuple(value.shape)}>"
+    return repr(value)
+
+
+def _is_stacked(cache) -> bool:
+    return cache is not None and not isinstance(cache, (tuple, list))
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -26,80 +45,110 @@ class TransformerDecoderBlock(TransformerBlockBase):
     (GPT-style) language-model block. Whether the block has cross-attention is
     fixed by its first call (its build).
 
-    The weights have the shapes, names and order of
-    `keras_hub.layers.TransformerDecoder`, so they copy with
-    `set_weights(get_weights())`.
+    A drop-in for `keras_hub.layers.TransformerDecoder`: the same arguments in
+    the same order, with the same defaults, the same call arguments (the
+    stacked caches included), and weights of the same shapes, names and
+    order (they copy with `set_weights(get_weights())`). What keras-attn
+    adds: `key_dim`, `attention_dropout`, `flash_attention`, `seed`,
+    `return_attention_scores`, a tuple cache that `keras_attn.generation`
+    decodes with, and zero attention rows for padded tokens (never NaN).
+    Explicit padding masks are combined with the Keras masks of the inputs
+    (keras-hub replaces the Keras mask by them).
 
-    Decoding with a cache: each block keeps its own self-attention cache, a
-    tuple `(key_cache, value_cache)` of `(batch, max_length, num_heads,
-    head_dim)` tensors (start from `initial_cache`). A call with
-    `self_attention_cache` and `cache_update_index=i` writes the keys and
-    values of its `T` new tokens at positions `i..i+T-1` (`ops.slice_update`)
-    and lets them attend to positions `<= their own` in the cache; it returns
-    the new cache, which has the same shapes (fit for `ops.while_loop`). The
-    cross-attention keys and values are computed once per source with
-    `compute_cross_attention_cache(encoder_sequence)` and passed as
-    `cross_attention_cache` at every step.
+    Decoding with a cache. The block takes two forms, told apart by the
+    structure of `self_attention_cache`:
+
+    - keras-attn's: `self_attention_cache` is a tuple `(key_cache,
+      value_cache)` of `(batch, max_length, num_heads, head_dim)` tensors
+      (start from `initial_cache`) and `cache_update_index=i`; the
+      cross-attention keys and values are computed once per source with
+      `compute_cross_attention_cache(encoder_sequence)` and passed as
+      `cross_attention_cache`, a tuple that replaces `encoder_sequence`. The
+      call returns `(outputs, self_attention_cache)`; the cross-attention cache
+      never changes and is not returned.
+    - keras-hub's: `self_attention_cache` is one stacked `(batch, 2,
+      max_length, num_heads, head_dim)` tensor (keys at `[:, 0]`, values at
+      `[:, 1]`) with `self_attention_cache_update_index=i`; a block with
+      cross-attention also takes `encoder_sequence` and a stacked
+      `cross_attention_cache` `(batch, 2, S, num_heads, head_dim)`, filled
+      from `encoder_sequence` when `cross_attention_cache_update_index=0` and
+      reused as it is when it is `None`. The call returns what keras-hub's
+      returns: `(outputs, self_attention_cache)` without cross-attention,
+      `(outputs, self_attention_cache, cross_attention_cache)` with it.
+
+    In both forms a call with `T` new tokens writes their keys and values at
+    positions `i..i+T-1` (`keras_attn.ops.update_cache`: core ops only, so the
+    exported graph runs in a stock TF Serving) and lets them attend to
+    positions `<= their own` in the cache; the returned caches have the same
+    shapes (fit for `ops.while_loop`).
 
     Args:
-        num_heads: number of attention heads (self and cross).
         intermediate_dim: hidden size of the feed-forward network.
+        num_heads: number of attention heads (self and cross).
         dropout: dropout rate after each sublayer (and on the attention
             weights unless `attention_dropout` is given).
         activation: activation of the feed-forward network.
-        normalize_first: pre-norm (`True`) or post-norm (`False`, the paper).
         layer_norm_epsilon: epsilon of the layer norms.
+        kernel_initializer, bias_initializer: of the dense and attention
+            projections.
+        normalize_first: pre-norm (`True`) or post-norm (`False`, the paper).
         key_dim: size of each head; defaults to `d_model // num_heads`.
         attention_dropout: dropout rate on the attention weights; defaults to
             `dropout`.
-        kernel_initializer, bias_initializer: of the dense and attention
-            projections.
+        flash_attention: the attention path, as in `MultiHeadAttention`.
         seed: seed of the dropouts.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
         decoder_sequence: `(batch, T, d_model)`.
         encoder_sequence: `(batch, S, d_encoder)`, or `None` for a block
-            without cross-attention, or when `cross_attention_cache` is given.
+            without cross-attention, or when a tuple `cross_attention_cache`
+            is given.
         decoder_padding_mask: boolean `(batch, T)` for the tokens of
-            `decoder_sequence`; defaults to its Keras mask. Padded tokens are
-            ignored as keys and get zero attention rows. With a cache it masks
-            the new tokens as queries only: mask cached keys with
+            `decoder_sequence`, combined with its Keras mask. Padded tokens
+            are ignored as keys and get zero attention rows. With a cache it
+            masks the new tokens as queries only: mask cached keys with
             `decoder_attention_mask`.
         decoder_attention_mask: boolean `(batch, T, T)` (with a cache
             `(batch, T, max_length)`), combined with the causal mask.
-        encoder_padding_mask: boolean `(batch, S)`; defaults to the Keras mask
-            of `encoder_sequence`. Pass it at every decoding step too.
+        encoder_padding_mask: boolean `(batch, S)`, combined with the Keras
+            mask of `encoder_sequence`. Pass it at every decoding step too.
         encoder_attention_mask: boolean `(batch, T, S)`.
-        return_attention_scores: also return the attention weights.
-        self_attention_cache: `(key_cache, value_cache)`, each
-            `(batch, max_length, num_heads, head_dim)`; needs
-            `cache_update_index`.
-        cross_attention_cache: `(key, value)`, each
+        self_attention_cache: the self-attention cache, a tuple or a stacked
+            tensor (see above).
+        self_attention_cache_update_index: with a stacked cache, the position
+            of the first new token (int or scalar int tensor); `None` uses the
+            cache without writing it.
+        cross_attention_cache: a tuple `(key, value)`, each
             `(batch, S, num_heads, head_dim)`, from
-            `compute_cross_attention_cache`; replaces `encoder_sequence`.
-        cache_update_index: int or scalar int tensor, the position of the first
-            new token in the cache.
+            `compute_cross_attention_cache`, replacing `encoder_sequence`; or
+            keras-hub's stacked tensor.
+        cross_attention_cache_update_index: with a stacked cross-attention
+            cache: `0` fills it from `encoder_sequence`, `None` reuses it.
+        use_causal_mask: mask future tokens in the self-attention (default
+            `True`, as keras-hub).
         training: whether dropout is active.
+        return_attention_scores: also return the attention weights.
+        cache_update_index: with a tuple cache, the position of the first new
+            token (int or scalar int tensor).
         mask, decoder_sequence_mask, encoder_sequence_mask: filled by Keras
             with the Keras masks of the inputs (`mask` when `decoder_sequence`
-            is the only tensor argument); pass the padding masks instead.
+            is the only tensor argument).
 
     Returns:
-        One structure per set of arguments:
-        `outputs` `(batch, T, d_model)`;
+        One structure per set of arguments: `outputs` `(batch, T, d_model)`;
         `(outputs, attention_scores)` with `return_attention_scores=True`;
-        `(outputs, self_attention_cache)` with a `self_attention_cache`;
-        `(outputs, attention_scores, self_attention_cache)` with both.
-        `attention_scores` is a dict: `"self_attention"`
-        `(batch, num_heads, T, T or max_length)` and, in blocks with
-        cross-attention, `"cross_attention"` `(batch, num_heads, T, S)`.
-        The Keras mask of `decoder_sequence` is passed on.
+        with a cache, `outputs` (and the scores) followed by the caches of its
+        form, as listed above. `attention_scores` is a dict:
+        `"self_attention"` `(batch, num_heads, T, T or max_length)` and, in
+        blocks with cross-attention, `"cross_attention"`
+        `(batch, num_heads, T, S)`. The Keras mask of `decoder_sequence` is
+        passed on.
 
     Example:
 
     ```python
-    block = keras_attn.layers.TransformerDecoderBlock(4, 512)
+    block = keras_attn.layers.TransformerDecoderBlock(intermediate_dim=512, num_heads=4)
     target = keras.Input((None, 128))
     source = keras.Input((None, 128))
     outputs = block(target, source)  # (batch, T, 128)
@@ -164,22 +213,32 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     # -- decoding helpers -------------------------------------------------------
 
-    def initial_cache(self, batch_size, max_length: int, dtype=None):
-        """An all-zero self-attention cache `(key_cache, value_cache)`.
+    def initial_cache(
+        self, batch_size, max_length: int, dtype=None, stacked: bool = False
+    ):
+        """An all-zero self-attention cache.
 
         Args:
             batch_size: int or scalar int tensor.
             max_length: number of positions the cache holds.
             dtype: defaults to the block's compute dtype.
+            stacked: keras-hub's form, one `(batch_size, 2, max_length,
+                num_heads, head_dim)` tensor, instead of keras-attn's tuple.
 
         Returns:
-            Two zero tensors `(batch_size, max_length, num_heads, head_dim)`.
+            `(key_cache, value_cache)`, two zero tensors `(batch_size,
+            max_length, num_heads, head_dim)`; or the stacked tensor.
         """
         self._check_built("initial_cache")
         dtype = dtype or self.compute_dtype
         attention = self.self_attention
         key_shape = (batch_size, max_length, self.num_heads, attention.key_dim)
-        value_shape = (batch_size, max_length, self.num_heads, attention.head_value_dim)
+        if stacked:
+            return ops.zeros(
+                (batch_size, 2, max_length, self.num_heads, attention.key_dim),
+                dtype=dtype,
+            )
+        value_shape = (batch_size, max_length, self.num_heads, attention.value_dim)
         return ops.zeros(key_shape, dtype=dtype), ops.zeros(value_shape, dtype=dtype)
 
     def compute_cross_attention_cache(self, encoder_sequence):
@@ -199,35 +258,108 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     # -- the forward pass ---------------------------------------------------------
 
-    def _check_call(
+    def _cache_form(
         self,
         encoder_sequence,
         self_attention_cache,
+        self_attention_cache_update_index,
         cross_attention_cache,
+        cross_attention_cache_update_index,
         cache_update_index,
     ):
-        if self.cross_attention is None:
-            if encoder_sequence is not None or cross_attention_cache is not None:
+        """Check the call's arguments; `None` (no self-attention cache),
+        `TUPLE_CACHE` (keras-attn's form) or `STACKED_CACHE` (keras-hub's)."""
+        has_cross = self.cross_attention is not None
+        if not has_cross:
+            for name, value in (
+                ("encoder_sequence", encoder_sequence),
+                ("cross_attention_cache", cross_attention_cache),
+                (
+                    "cross_attention_cache_update_index",
+                    cross_attention_cache_update_index,
+                ),
+            ):
+                if value is not None:
+                    raise ValueError(
+                        "This block was built without cross-attention (its "
+                        "first call had no `encoder_sequence`); call it without "
+                        f"`{name}`. Received: {name}={_describe(value)}"
+                    )
+        hub_form = (
+            _is_stacked(self_attention_cache)
+            or _is_stacked(cross_attention_cache)
+            or self_attention_cache_update_index is not None
+            or cross_attention_cache_update_index is not None
+        )
+        if hub_form:
+            for name, cache in (
+                ("self_attention_cache", self_attention_cache),
+                ("cross_attention_cache", cross_attention_cache),
+            ):
+                if cache is not None and not _is_stacked(cache):
+                    raise ValueError(
+                        "Use one cache form per call: keras-hub's stacked "
+                        "tensors with `self_attention_cache_update_index` / "
+                        "`cross_attention_cache_update_index`, or keras-attn's "
+                        "tuples with `cache_update_index`. Received: "
+                        f"{name}={_describe(cache)} with the stacked form"
+                    )
+            if cache_update_index is not None:
                 raise ValueError(
-                    "This block was built without cross-attention (its first "
-                    "call had no `encoder_sequence`); it takes neither "
-                    "`encoder_sequence` nor `cross_attention_cache`. Received: "
-                    f"encoder_sequence={encoder_sequence!r}, "
-                    f"cross_attention_cache={cross_attention_cache!r}"
+                    "With keras-hub's stacked caches the index is "
+                    "`self_attention_cache_update_index`; `cache_update_index` "
+                    "goes with keras-attn's tuple caches. Received: "
+                    f"cache_update_index={_describe(cache_update_index)}"
                 )
-        elif (encoder_sequence is None) == (cross_attention_cache is None):
+            for cache_name, cache, index_name, index in (
+                (
+                    "self_attention_cache",
+                    self_attention_cache,
+                    "self_attention_cache_update_index",
+                    self_attention_cache_update_index,
+                ),
+                (
+                    "cross_attention_cache",
+                    cross_attention_cache,
+                    "cross_attention_cache_update_index",
+                    cross_attention_cache_update_index,
+                ),
+            ):
+                if cache is None and index is not None:
+                    raise ValueError(
+                        f"`{index_name}` needs a `{cache_name}`. Received: "
+                        f"{cache_name}=None, {index_name}={_describe(index)}"
+                    )
+            if has_cross:
+                if encoder_sequence is None:
+                    raise ValueError(
+                        "This block has cross-attention: with stacked caches "
+                        "it takes `encoder_sequence` too (as keras-hub's "
+                        "TransformerDecoder). Received: encoder_sequence=None"
+                    )
+                if (self_attention_cache is None) != (cross_attention_cache is None):
+                    raise ValueError(
+                        "With cross-attention, the stacked "
+                        "`self_attention_cache` and `cross_attention_cache` are "
+                        "both set or both None. Received: self_attention_cache="
+                        f"{_describe(self_attention_cache)}, cross_attention_cache="
+                        f"{_describe(cross_attention_cache)}"
+                    )
+            return None if self_attention_cache is None else STACKED_CACHE
+        if has_cross and (encoder_sequence is None) == (cross_attention_cache is None):
             raise ValueError(
                 "This block has cross-attention: pass exactly one of "
                 "`encoder_sequence` and `cross_attention_cache`. Received: "
-                f"encoder_sequence={encoder_sequence!r}, "
-                f"cross_attention_cache={cross_attention_cache!r}"
+                f"encoder_sequence={_describe(encoder_sequence)}, "
+                f"cross_attention_cache={_describe(cross_attention_cache)}"
             )
         if (self_attention_cache is None) != (cache_update_index is None):
             raise ValueError(
                 "`self_attention_cache` and `cache_update_index` go together. "
-                f"Received: self_attention_cache={self_attention_cache!r}, "
-                f"cache_update_index={cache_update_index!r}"
+                f"Received: self_attention_cache={_describe(self_attention_cache)}, "
+                f"cache_update_index={_describe(cache_update_index)}"
             )
+        return None if self_attention_cache is None else TUPLE_CACHE
 
     def call(
         self,
@@ -237,23 +369,28 @@ class TransformerDecoderBlock(TransformerBlockBase):
         decoder_attention_mask=None,
         encoder_padding_mask=None,
         encoder_attention_mask=None,
-        return_attention_scores: bool = False,
         self_attention_cache=None,
+        self_attention_cache_update_index=None,
         cross_attention_cache=None,
-        cache_update_index=None,
+        cross_attention_cache_update_index=None,
+        use_causal_mask: bool = True,
         training=None,
+        return_attention_scores: bool = False,
+        cache_update_index=None,
         mask=None,
         decoder_sequence_mask=None,
         encoder_sequence_mask=None,
     ):
-        self._check_call(
+        form = self._cache_form(
             encoder_sequence,
             self_attention_cache,
+            self_attention_cache_update_index,
             cross_attention_cache,
+            cross_attention_cache_update_index,
             cache_update_index,
         )
-        decoder_padding = as_padding_mask(
-            first_given(decoder_padding_mask, decoder_sequence_mask, mask)
+        decoder_padding = combine_masks(
+            decoder_padding_mask, decoder_sequence_mask, mask
         )  # (B, T)
         scores = {}
 
@@ -265,7 +402,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
             return_attention_scores=return_attention_scores,
             training=training,
             cache=self_attention_cache,
-            cache_update_index=cache_update_index,
+            cache_update_index=(
+                cache_update_index
+                if form == TUPLE_CACHE
+                else self_attention_cache_update_index
+            ),
+            use_causal_mask=use_causal_mask,
         )  # (B, T, d) [, (B, N, T, Tk)] [, cache]
         if self_attention_cache is not None:
             *attended, self_attention_cache = attended
@@ -282,8 +424,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
         # Cross-attention to the encoder sequence (or its cached keys/values).
         if self.cross_attention is not None:
-            encoder_padding = as_padding_mask(
-                first_given(encoder_padding_mask, encoder_sequence_mask)
+            encoder_padding = combine_masks(
+                encoder_padding_mask, encoder_sequence_mask
             )  # (B, S)
             attended = self.cross_attention(
                 self._pre(x, self.cross_attention_layer_norm),
@@ -294,9 +436,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 return_attention_scores=return_attention_scores,
                 training=training,
                 cache=cross_attention_cache,
+                cache_update_index=cross_attention_cache_update_index,
             )  # (B, T, d) [, (B, N, T, S)] [, cache]
             if cross_attention_cache is not None:
-                attended = attended[:-1]
+                *attended, cross_attention_cache = attended
                 attended = attended[0] if len(attended) == 1 else tuple(attended)
             if return_attention_scores:
                 attended, scores["cross_attention"] = attended
@@ -312,8 +455,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
         result = (outputs,)
         if return_attention_scores:
             result += (scores,)
-        if self_attention_cache is not None:
+        if form == TUPLE_CACHE:
             result += (tuple(self_attention_cache),)
+        elif form == STACKED_CACHE:
+            result += (self_attention_cache,)
+            if self.cross_attention is not None:
+                result += (cross_attention_cache,)
         return result[0] if len(result) == 1 else result
 
     # -- Keras anatomy ---------------------------------------------------------
@@ -329,34 +476,42 @@ class TransformerDecoderBlock(TransformerBlockBase):
         decoder_attention_mask=None,
         encoder_padding_mask=None,
         encoder_attention_mask=None,
-        return_attention_scores=False,
         self_attention_cache=None,
+        self_attention_cache_update_index=None,
         cross_attention_cache=None,
-        cache_update_index=None,
+        cross_attention_cache_update_index=None,
+        use_causal_mask=True,
         training=None,
+        return_attention_scores=False,
+        cache_update_index=None,
         mask=None,
         decoder_sequence_mask=None,
         encoder_sequence_mask=None,
     ):
-        self._check_call(
+        form = self._cache_form(
             encoder_sequence,
             self_attention_cache,
+            self_attention_cache_update_index,
             cross_attention_cache,
+            cross_attention_cache_update_index,
             cache_update_index,
         )
         v.check_rank("decoder_sequence", decoder_sequence.shape, 3)
         batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
-        key_length = (
-            length if self_attention_cache is None else self_attention_cache[0].shape[1]
-        )
+        if form == TUPLE_CACHE:
+            key_length = self_attention_cache[0].shape[1]
+        elif form == STACKED_CACHE:
+            key_length = self_attention_cache.shape[2]
+        else:
+            key_length = length
         source_length = None
         if self.cross_attention is not None:
-            source = (
-                encoder_sequence
-                if cross_attention_cache is None
-                else cross_attention_cache[0]
-            )
-            source_length = source.shape[1]
+            if cross_attention_cache is None:
+                source_length = encoder_sequence.shape[1]
+            elif _is_stacked(cross_attention_cache):
+                source_length = cross_attention_cache.shape[2]
+            else:
+                source_length = cross_attention_cache[0].shape[1]
         for name, tensor, shape in (
             ("decoder_padding_mask", decoder_padding_mask, (batch, length)),
             (
@@ -385,11 +540,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     (batch, self.num_heads, length, source_length), dtype=dtype
                 )
             result += (scores,)
-        if self_attention_cache is not None:
-            result += (
-                tuple(
-                    keras.KerasTensor(t.shape, dtype=t.dtype)
-                    for t in self_attention_cache
-                ),
-            )
+
+        def spec(tensor):
+            return keras.KerasTensor(tensor.shape, dtype=tensor.dtype)
+
+        if form == TUPLE_CACHE:
+            result += (tuple(spec(t) for t in self_attention_cache),)
+        elif form == STACKED_CACHE:
+            result += (spec(self_attention_cache),)
+            if self.cross_attention is not None:
+                result += (spec(cross_attention_cache),)
         return result[0] if len(result) == 1 else result

@@ -5,9 +5,9 @@ from __future__ import annotations
 import keras
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import TransformerBlockBase, first_given
+from keras_attn.layers._transformer_block import TransformerBlockBase
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
-from keras_attn.ops.masks import padding_mask as as_padding_mask
+from keras_attn.ops.masks import combine_masks
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -25,40 +25,44 @@ class TransformerEncoderBlock(TransformerBlockBase):
     `x = x + Dropout(Sublayer(LayerNorm(x)))`), which trains more stably in
     deep stacks; the last block's output is then not normalized.
 
-    The weights have the shapes, names and order of
-    `keras_hub.layers.TransformerEncoder`, so they copy with
-    `set_weights(get_weights())`. Padded positions are ignored as keys, and
-    their own rows get a zero attention output (never NaN).
+    A drop-in for `keras_hub.layers.TransformerEncoder`: the same arguments in
+    the same order, with the same defaults, and weights of the same shapes,
+    names and order (they copy with `set_weights(get_weights())`). What
+    keras-attn adds: `key_dim`, `attention_dropout`, `flash_attention`,
+    `seed`; padded positions are ignored as keys and their own rows get a
+    zero attention output (never NaN); explicit masks are combined with the
+    Keras mask of `inputs` (keras-hub replaces the Keras mask by them).
 
     Args:
-        num_heads: number of attention heads.
         intermediate_dim: hidden size of the feed-forward network.
+        num_heads: number of attention heads.
         dropout: dropout rate after each sublayer (and on the attention
             weights unless `attention_dropout` is given).
         activation: activation of the feed-forward network.
-        normalize_first: pre-norm (`True`) or post-norm (`False`, the paper).
         layer_norm_epsilon: epsilon of the layer norms.
+        kernel_initializer, bias_initializer: of the dense and attention
+            projections.
+        normalize_first: pre-norm (`True`) or post-norm (`False`, the paper).
         key_dim: size of each head; defaults to `d_model // num_heads`.
         attention_dropout: dropout rate on the attention weights; defaults to
             `dropout` (as keras-hub). `0` keeps the fused attention path in
             training.
-        kernel_initializer, bias_initializer: of the dense and attention
-            projections.
+        flash_attention: the attention path, as in `MultiHeadAttention`.
         seed: seed of the dropouts.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `(batch, T, d_model)`.
-        padding_mask: boolean `(batch, T)`, `True` for real tokens. Defaults to
-            the Keras mask of `inputs` (e.g. from `Embedding(mask_zero=True)`
-            or `TokenAndPositionEmbedding`).
+        padding_mask: boolean `(batch, T)`, `True` for real tokens; combined
+            with the Keras mask of `inputs` (e.g. from
+            `Embedding(mask_zero=True)` or `TokenAndPositionEmbedding`).
         attention_mask: boolean `(batch, T, T)`, `True` where query `i` may
             attend to key `j`; combined with the padding mask.
-        return_attention_scores: also return the attention weights.
         training: whether dropout is active.
+        return_attention_scores: also return the attention weights.
         mask, inputs_mask: filled by Keras with the Keras mask of `inputs`
             (`mask` when `inputs` is the only tensor argument, `inputs_mask`
-            otherwise); pass `padding_mask` instead.
+            otherwise).
 
     Returns:
         `outputs` `(batch, T, d_model)`, or `(outputs, weights)` with
@@ -70,7 +74,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
     ```python
     tokens = keras.Input((None,), dtype="int32")
     x = keras_attn.layers.TokenAndPositionEmbedding(8000, 256, 128)(tokens)
-    x = keras_attn.layers.TransformerEncoderBlock(num_heads=4, intermediate_dim=512)(x)
+    x = keras_attn.layers.TransformerEncoderBlock(intermediate_dim=512, num_heads=4)(x)
     encoder = keras.Model(tokens, x)  # (batch, T, 128), padding mask passed on
     ```
     """
@@ -98,12 +102,12 @@ class TransformerEncoderBlock(TransformerBlockBase):
         inputs,
         padding_mask=None,
         attention_mask=None,
-        return_attention_scores: bool = False,
         training=None,
+        return_attention_scores: bool = False,
         mask=None,
         inputs_mask=None,
     ):
-        padding = as_padding_mask(first_given(padding_mask, inputs_mask, mask))
+        padding = combine_masks(padding_mask, inputs_mask, mask)  # (B, T)
         attended = self.self_attention(
             self._pre(inputs, self.self_attention_layer_norm),
             mask=padding,
@@ -133,8 +137,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
         inputs,
         padding_mask=None,
         attention_mask=None,
-        return_attention_scores=False,
         training=None,
+        return_attention_scores=False,
         mask=None,
         inputs_mask=None,
     ):

@@ -89,8 +89,8 @@ def stack_blocks(
     """
     for index in range(count):
         block = block_class(
-            num_heads,
-            intermediate_dim,
+            intermediate_dim=intermediate_dim,
+            num_heads=num_heads,
             dropout=dropout,
             normalize_first=normalize_first,
             name=f"{prefix}_{index}",

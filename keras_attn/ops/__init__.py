@@ -1,6 +1,10 @@
 """Pure attention functions: scores, masks, masked softmax, attention."""
 
-from keras_attn.ops.attention import dot_product_attention, weighted_sum
+from keras_attn.ops.attention import (
+    attention_path,
+    dot_product_attention,
+    weighted_sum,
+)
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.continuous_cache import (
     ContinuousCache,
@@ -15,7 +19,9 @@ from keras_attn.ops.masks import (
     combine_masks,
     padding_mask,
     padding_mask_from_lengths,
+    sliding_window_mask,
 )
+from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
 from keras_attn.ops.nearest_neighbors import (
     knn_mixture_log_probs,
     knn_probabilities,
@@ -38,6 +44,7 @@ __all__ = [
     "additive_score",
     "additive_score_from_projections",
     "attention_mask_from_padding",
+    "attention_path",
     "causal_mask",
     "combine_masks",
     "concat_score",
@@ -52,10 +59,12 @@ __all__ = [
     "knn_probabilities",
     "knn_weights",
     "masked_softmax",
+    "memory_efficient_attention",
     "nearest_neighbors",
     "padding_mask",
     "padding_mask_from_lengths",
     "scaled_dot_score",
+    "sliding_window_mask",
     "update_cache",
     "weighted_sum",
 ]

@@ -76,6 +76,34 @@ def causal_mask(query_length, key_length=None, offset=0):
     return ops.greater_equal(query_positions[:, None], key_positions[None, :])
 
 
+def sliding_window_mask(query_length, key_length=None, window: int = 1, offset=0):
+    """Symmetric band mask: query `i` sees key `j` when `|i + offset - j| < window`.
+
+    The band of `keras.layers.MultiHeadAttention(sliding_window=window)`:
+    each query attends to the keys within `window - 1` positions on either
+    side of its own; AND it with `causal_mask` for the causal sliding window
+    (Mistral, Longformer's local attention). `offset` places the queries in a
+    cache, as in `causal_mask`.
+
+    Args:
+        query_length: number of query positions `Tq` (int or scalar tensor).
+        key_length: number of key positions `Tk`; defaults to `query_length`.
+        window: positive int, the band's half-width plus one.
+        offset: position of the first query in the key sequence.
+
+    Returns:
+        Boolean tensor of shape `(Tq, Tk)`.
+    """
+    if key_length is None:
+        key_length = query_length
+    query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
+        offset, "int32"
+    )  # (Tq,)
+    key_positions = ops.arange(key_length, dtype="int32")  # (Tk,)
+    distance = ops.abs(query_positions[:, None] - key_positions[None, :])  # (Tq, Tk)
+    return ops.less(distance, window)
+
+
 def combine_masks(*masks):
     """Logical AND of boolean masks that broadcast together; `None`s are skipped.
 

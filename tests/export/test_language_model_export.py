@@ -13,7 +13,7 @@ from keras_attn.models import (
 )
 from keras_attn.ops import ContinuousCache
 from keras_attn.text import END_ID, START_ID
-from tests.export.conftest import nasty_batch
+from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 
 pytestmark = pytest.mark.tf_only
 
@@ -94,6 +94,21 @@ def test_bad_input_on_the_export(exported):
     ].shape == (0,)
     big = loaded.signatures["serving_default"](prompt=tf.constant(["the"] * 256))
     assert big["completion"].shape == (256,)
+
+
+@pytest.mark.parametrize(
+    ("signature", "input_name"), [("serving_default", "prompt"), ("score", "text")]
+)
+def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(
+    exported, signature, input_name
+):
+    from keras_attn.export.serving import StandInServer
+
+    _, _, path = exported
+    with StandInServer(path) as server:
+        assert_bad_requests_leave_no_trace(
+            server, signature, input_name, ["To be, or not", "where is the house"]
+        )
 
 
 CACHE = ContinuousCache(theta=0.5, lam=0.3)

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from keras_attn.export import check_servable, export_sentiment
 from keras_attn.models import sentiment_classifier
-from tests.export.conftest import nasty_batch
+from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 
 pytestmark = pytest.mark.tf_only
 
@@ -92,16 +92,27 @@ def test_bad_input_on_the_export(exported):
     assert big["positive_probability"].shape == (256,)
 
 
+def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported):
+    from keras_attn.export.serving import StandInServer
+
+    _, _, _, path = exported
+    with StandInServer(path) as server:
+        assert_bad_requests_leave_no_trace(
+            server, "serving_default", "text", ["the plot is thin", "a witty film"]
+        )
+
+
 def test_cli_check(exported):
     _, _, _, path = exported
-    result = subprocess.run(
-        [sys.executable, "-m", "keras_attn.export", "check", str(path)],
+    result = subprocess.run(  # the model directory: its highest version
+        [sys.executable, "-m", "keras_attn.export", "check", str(path.parent)],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "SERVABLE" in result.stdout and "serving_default" in result.stdout
+    assert f"SERVABLE: {path.parent}/" in result.stdout
+    assert "serving_default" in result.stdout and "serve-tag load" in result.stdout
 
 
 def test_check_fails_when_the_export_disagrees_with_the_model(exported, tmp_path):

@@ -14,7 +14,7 @@ from keras_attn.models import (
     transformer_translator,
     translator_adapter,
 )
-from tests.export.conftest import nasty_batch
+from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 from tests.test_case import write_bert_checkpoint
 
 pytestmark = pytest.mark.tf_only
@@ -132,6 +132,16 @@ def test_bad_input_and_shapes_on_the_export(exported):
     assert serve(text=tf.constant(["where is it?"] * 256))["translation"].shape == (
         256,
     )
+
+
+@pytest.mark.parametrize("signature", ["serving_default", "translate_with_alignment"])
+def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported, signature):
+    from keras_attn.export.serving import StandInServer
+
+    with StandInServer(exported) as server:
+        assert_bad_requests_leave_no_trace(
+            server, signature, "text", ["Where is the station?", "I am tired."]
+        )
 
 
 @pytest.mark.parametrize("key_dtype", ["float32", "bfloat16"])

@@ -187,6 +187,64 @@ class SamplerTest(TestCase):
         self.assertEqual(stopped[0, lengths[0]], end)
         self.assertTrue(np.all(stopped[0, lengths[0] + 1 :] == PAD))
 
+    def test_stop_token_ids_stop_rows_as_the_end_token_does(self):
+        prompt, lengths = _prompts()
+        free = to_numpy(
+            generation.greedy_search(
+                self.lm.next_fn, prompt, self._cache(3), LENGTH, prompt_lengths=lengths
+            )
+        )
+        # keras-hub's `stop_token_ids`, alone or beside `end_token_id`: each
+        # stops the rows that generate it.
+        first, second = int(free[0, lengths[0]]), int(free[1, lengths[1]])
+        want = _full_pass_greedy(self.lm, prompt, lengths, LENGTH, first)
+        for kwargs in (
+            {"stop_token_ids": [first]},
+            {"stop_token_ids": (first, first)},
+            {"end_token_id": first, "stop_token_ids": ()},
+        ):
+            got = generation.GreedySampler()(
+                self.lm.next_fn,
+                prompt,
+                self._cache(3),
+                LENGTH,
+                prompt_lengths=lengths,
+                **kwargs,
+            )
+            np.testing.assert_array_equal(to_numpy(got), want, str(kwargs))
+        both = to_numpy(
+            generation.greedy_search(
+                self.lm.next_fn,
+                prompt,
+                self._cache(3),
+                LENGTH,
+                prompt_lengths=lengths,
+                end_token_id=first,
+                stop_token_ids=[second],
+            )
+        )
+        for row, stop in ((0, first), (1, second)):
+            self.assertEqual(both[row, lengths[row]], stop)
+            self.assertTrue(np.all(both[row, lengths[row] + 1 :] == PAD))
+        beams, _ = generation.beam_search(
+            self.lm.next_fn,
+            prompt,
+            self._cache(3),
+            LENGTH,
+            beam_width=1,
+            prompt_lengths=lengths,
+            stop_token_ids=[first, second],
+        )
+        np.testing.assert_array_equal(to_numpy(beams)[:2], both[:2])
+        with self.assertRaisesRegex(ValueError, "Received: stop_token_ids=3"):
+            generation.greedy_search(
+                self.lm.next_fn, prompt, self._cache(3), 8, stop_token_ids=3
+            )
+        with self.assertRaisesRegex(ValueError, r"Received: stop_token_ids=\[2, -1\]"):
+            generation.greedy_search(
+                self.lm.next_fn, prompt, self._cache(3), 8, stop_token_ids=[2, -1]
+            )
+
     def test_end_token_in_prompt_does_not_stop(self):
         prompt, _ = _prompts()
         end = int(prompt[0, 1])  # inside row 0's prompt

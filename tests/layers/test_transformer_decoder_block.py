@@ -1,3 +1,7 @@
+import inspect
+import os
+import tempfile
+
 import keras
 import keras_hub
 import numpy as np
@@ -171,6 +175,201 @@ class TransformerDecoderBlockTest(TestCase):
             {"decoder_sequence": TARGET, "encoder_sequence": SOURCE},
             call_kwargs={"return_attention_scores": True},
             expected_output_shape=[(2, 5, 8), (2, 2, 5, 6), (2, 2, 5, 5)],
+        )
+
+    def test_takes_keras_hub_arguments_in_keras_hub_order(self):
+        for method in ("__init__", "call"):
+            ours = inspect.signature(
+                getattr(TransformerDecoderBlock, method)
+            ).parameters
+            theirs = inspect.signature(
+                getattr(keras_hub.layers.TransformerDecoder, method)
+            ).parameters
+            names = [name for name in theirs if name != "kwargs"]
+            self.assertEqual(list(ours)[: len(names)], names, method)
+            for name in names:
+                self.assertEqual(ours[name].default, theirs[name].default, name)
+        block = TransformerDecoderBlock(16, 2)  # keras-hub's positional order
+        self.assertEqual((block.intermediate_dim, block.num_heads), (16, 2))
+        self.assertEqual(block.dropout, 0.0)
+
+    @parameterized.named_parameters(("decoder_only", False), ("cross", True))
+    def test_stacked_cache_calls_match_keras_hub(self, cross):
+        """keras-hub's cached call (stacked caches, `*_cache_update_index`)
+        returns what keras-hub's decoder returns, step by step."""
+        block = built_block(cross)
+        reference = copied_keras_hub_decoder(block, cross)
+        source = SOURCE if cross else None
+        full = to_numpy(block(TARGET, source))
+        caches = {
+            name: [np.zeros((2, 2, 5, 2, 4), "float32")]
+            + ([np.zeros((2, 2, 6, 2, 4), "float32")] if cross else [])
+            for name in ("ours", "hub")
+        }
+        for index in range(5):
+            token = TARGET[:, index : index + 1]
+            for name, layer in (("ours", block), ("hub", reference)):
+                kwargs = {
+                    "self_attention_cache": caches[name][0],
+                    "self_attention_cache_update_index": index,
+                }
+                if cross:
+                    kwargs["cross_attention_cache"] = caches[name][1]
+                    kwargs["cross_attention_cache_update_index"] = (
+                        0 if index == 0 else None
+                    )
+                outputs, *caches[name] = layer(token, source, **kwargs)
+                caches[name] = [to_numpy(c) for c in caches[name]]
+                if name == "ours":
+                    step = to_numpy(outputs)
+                else:
+                    np.testing.assert_allclose(step, to_numpy(outputs), atol=1e-5)
+            self.assertLen(caches["ours"], 2 if cross else 1)
+            for got, want in zip(caches["ours"], caches["hub"], strict=True):
+                np.testing.assert_allclose(got, want, atol=1e-5)
+            np.testing.assert_allclose(step[:, 0], full[:, index], atol=1e-5)
+        # The tuple form writes the same keys and values.
+        _, (keys, values) = block(
+            TARGET,
+            source if not cross else None,
+            **(
+                {"cross_attention_cache": block.compute_cross_attention_cache(SOURCE)}
+                if cross
+                else {}
+            ),
+            self_attention_cache=block.initial_cache(2, 5),
+            cache_update_index=0,
+        )
+        np.testing.assert_allclose(caches["ours"][0][:, 0], to_numpy(keys), atol=1e-5)
+        np.testing.assert_allclose(caches["ours"][0][:, 1], to_numpy(values), atol=1e-5)
+
+    def test_without_the_causal_mask_as_keras_hub(self):
+        block = built_block(True)
+        reference = copied_keras_hub_decoder(block, True)
+        got = block(TARGET, SOURCE, use_causal_mask=False)
+        want = reference(TARGET, SOURCE, use_causal_mask=False)
+        self.assertAllClose(got, want, atol=1e-5)
+        self.assertFalse(np.allclose(to_numpy(got), to_numpy(block(TARGET, SOURCE))))
+
+    @parameterized.named_parameters(
+        ("float32", "float32", 1e-5), ("mixed_bfloat16", "mixed_bfloat16", 2e-2)
+    )
+    def test_swapped_into_keras_hub_user_code(self, policy, tolerance):
+        """A GPT-style model written with keras-hub's blocks, with its cached
+        generation step as `keras_hub.models.GPT2CausalLM.call_with_cache`
+        writes it, gives the same logits with keras-attn's block in place."""
+
+        def language_model(block_class):
+            token_ids = keras.Input((None,), dtype="int32")
+            embedding = keras_hub.layers.TokenAndPositionEmbedding(
+                vocabulary_size=12, sequence_length=8, embedding_dim=8
+            )
+            blocks = [
+                block_class(16, 2, normalize_first=True, activation="gelu")
+                for _ in range(2)
+            ]
+            x = embedding(token_ids)
+            for block in blocks:
+                x = block(x)
+            head = keras.layers.Dense(12, dtype="float32")
+            model = keras.Model(token_ids, head(x))
+
+            def call_with_cache(token_ids, cache, index):
+                x = embedding.token_embedding(token_ids)
+                x = x + embedding.position_embedding(x, start_index=index)
+                caches = []
+                for i, block in enumerate(blocks):
+                    x, next_cache = block(
+                        x,
+                        self_attention_cache=cache[:, i, ...],
+                        self_attention_cache_update_index=index,
+                    )
+                    caches.append(next_cache)
+                return head(x), ops.stack(caches, axis=1)
+
+            return model, call_with_cache
+
+        keras.config.set_dtype_policy(policy)
+        theirs, hub_step = language_model(keras_hub.layers.TransformerDecoder)
+        ours, our_step = language_model(TransformerDecoderBlock)
+        ours.set_weights(theirs.get_weights())
+        self.assertAllClose(
+            ours(TARGET_IDS), theirs(TARGET_IDS), atol=tolerance, rtol=tolerance
+        )
+        full = to_numpy(ours(TARGET_IDS))
+        dtype = keras.config.dtype_policy().compute_dtype
+        our_cache = hub_cache = ops.zeros(
+            (2, 2, 2, 5, 2, 4), dtype
+        )  # (B, L, 2, T, N, H)
+        for index in range(5):
+            token = TARGET_IDS[:, index : index + 1]
+            got, our_cache = our_step(token, our_cache, index)
+            want, hub_cache = hub_step(token, hub_cache, index)
+            self.assertAllClose(got, want, atol=tolerance, rtol=tolerance)
+            np.testing.assert_allclose(
+                to_numpy(got)[:, 0], full[:, index], atol=tolerance, rtol=tolerance
+            )
+
+    @pytest.mark.tf_only
+    def test_exported_stacked_cache_step_has_no_xla_ops(self):
+        """The stacked caches are written with `keras_attn.ops.update_cache`:
+        the exported graph holds no `Xla*` op (stock TF Serving has no kernel
+        for `XlaDynamicUpdateSlice`, which `ops.slice_update` becomes)."""
+        import tensorflow as tf
+        from tensorflow.core.protobuf import saved_model_pb2
+
+        def graph_ops(graph_def):
+            ops_ = {node.op for node in graph_def.node}
+            for function in graph_def.library.function:
+                ops_ |= {node.op for node in function.node_def}
+            return ops_
+
+        def step_function(block):
+            @tf.function(
+                input_signature=[
+                    tf.TensorSpec((None, 1, 8)),
+                    tf.TensorSpec((None, 6, 8)),
+                    tf.TensorSpec((None, 2, 5, 2, 4)),
+                    tf.TensorSpec((None, 2, 6, 2, 4)),
+                    tf.TensorSpec((), tf.int32),
+                ]
+            )
+            def step(token, source, cache, cross_cache, index):
+                return block(
+                    token,
+                    source,
+                    self_attention_cache=cache,
+                    self_attention_cache_update_index=index,
+                    cross_attention_cache=cross_cache,
+                    cross_attention_cache_update_index=0,
+                )
+
+            return step
+
+        block = built_block(True)
+        # The check sees XlaDynamicUpdateSlice where it is: keras-hub's block.
+        hub_ops = graph_ops(
+            step_function(copied_keras_hub_decoder(block, True))
+            .get_concrete_function()
+            .graph.as_graph_def()
+        )
+        self.assertIn("XlaDynamicUpdateSlice", hub_ops)
+        module = tf.Module()
+        module.block = block
+        module.step = step_function(block)
+        with tempfile.TemporaryDirectory() as tmp:
+            tf.saved_model.save(
+                module, tmp, signatures={"serving_default": module.step}
+            )
+            saved = saved_model_pb2.SavedModel()
+            with open(os.path.join(tmp, "saved_model.pb"), "rb") as file:
+                saved.ParseFromString(file.read())
+        exported_ops = set()
+        for meta_graph in saved.meta_graphs:
+            exported_ops |= graph_ops(meta_graph.graph_def)
+        self.assertIn("SelectV2", exported_ops)  # the cache write
+        self.assertFalse(
+            {op for op in exported_ops if op.startswith("Xla")}, sorted(exported_ops)
         )
 
     @parameterized.named_parameters(
@@ -494,15 +693,52 @@ class TransformerDecoderBlockTest(TestCase):
         unbuilt = TransformerDecoderBlock(**INIT)
         with self.assertRaisesRegex(ValueError, "needs a built block"):
             unbuilt.initial_cache(2, 5)
+        with self.assertRaisesRegex(ValueError, "Received: kernel_initializer='nope'"):
+            TransformerDecoderBlock(**INIT, kernel_initializer="nope")
+        with self.assertRaisesRegex(ValueError, r"Received: dropout=1\.0"):
+            TransformerDecoderBlock(**INIT, dropout=1.0)
         decoder_only = built_block(False)
-        with self.assertRaisesRegex(ValueError, "built without cross-attention"):
+        with self.assertRaisesRegex(
+            ValueError,
+            r"built without cross-attention.*"
+            r"Received: encoder_sequence=<tensor of shape \(2, 6, 8\)>",
+        ):
             decoder_only(TARGET, SOURCE)
+        with self.assertRaisesRegex(ValueError, "Received: cross_attention_cache="):
+            decoder_only(TARGET, cross_attention_cache=np.zeros((2, 2, 6, 2, 4)))
         with self.assertRaisesRegex(ValueError, "no cross-attention"):
             decoder_only.compute_cross_attention_cache(SOURCE)
         block = built_block(True)
         cross = block.compute_cross_attention_cache(SOURCE)
-        with self.assertRaisesRegex(ValueError, "exactly one of"):
+        with self.assertRaisesRegex(
+            ValueError, "exactly one of.*Received: encoder_sequence=None"
+        ):
             block(TARGET)
+        stacked = np.zeros((2, 2, 5, 2, 4), "float32")
+        with self.assertRaisesRegex(ValueError, "takes `encoder_sequence` too"):
+            block(TARGET, self_attention_cache=stacked, cross_attention_cache=stacked)
+        with self.assertRaisesRegex(ValueError, "both set or both None"):
+            block(
+                TARGET,
+                SOURCE,
+                self_attention_cache=stacked,
+                self_attention_cache_update_index=0,
+            )
+        with self.assertRaisesRegex(ValueError, "one cache form per call"):
+            block(
+                TARGET,
+                SOURCE,
+                self_attention_cache=block.initial_cache(2, 5),
+                cross_attention_cache=np.zeros((2, 2, 6, 2, 4), "float32"),
+            )
+        with self.assertRaisesRegex(
+            ValueError, "index is `self_attention_cache_update_index`"
+        ):
+            decoder_only(TARGET, self_attention_cache=stacked, cache_update_index=0)
+        with self.assertRaisesRegex(
+            ValueError, "`self_attention_cache_update_index` needs a"
+        ):
+            decoder_only(TARGET, self_attention_cache_update_index=0)
         with self.assertRaisesRegex(ValueError, "exactly one of"):
             block(TARGET, SOURCE, cross_attention_cache=cross)
         with self.assertRaisesRegex(ValueError, "go together"):

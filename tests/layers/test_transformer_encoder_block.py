@@ -1,3 +1,7 @@
+import inspect
+import os
+import tempfile
+
 import keras
 import keras_hub
 import numpy as np
@@ -52,6 +56,84 @@ class TransformerEncoderBlockTest(TestCase):
             call_kwargs={"return_attention_scores": True},
             expected_output_shape=[(2, 5, 8), (2, 2, 5, 5)],
         )
+
+    def test_takes_keras_hub_arguments_in_keras_hub_order(self):
+        for method in ("__init__", "call"):
+            ours = inspect.signature(
+                getattr(TransformerEncoderBlock, method)
+            ).parameters
+            theirs = inspect.signature(
+                getattr(keras_hub.layers.TransformerEncoder, method)
+            ).parameters
+            names = [name for name in theirs if name != "kwargs"]
+            self.assertEqual(list(ours)[: len(names)], names, method)
+            for name in names:
+                self.assertEqual(ours[name].default, theirs[name].default, name)
+        block = TransformerEncoderBlock(16, 2)  # keras-hub's positional order
+        self.assertEqual((block.intermediate_dim, block.num_heads), (16, 2))
+        self.assertEqual(block.dropout, 0.0)
+        # keras-hub's config loads as it is.
+        hub_config = keras_hub.layers.TransformerEncoder(16, 2, 0.1).get_config()
+        revived = TransformerEncoderBlock.from_config(hub_config)
+        self.assertEqual(
+            {k: revived.get_config()[k] for k in hub_config if k != "name"},
+            {k: v for k, v in hub_config.items() if k != "name"},
+        )
+
+    @parameterized.named_parameters(
+        ("float32", "float32", 1e-5), ("mixed_bfloat16", "mixed_bfloat16", 2e-2)
+    )
+    def test_swapped_into_keras_hub_user_code(self, policy, tolerance):
+        """An encoder written with keras-hub's blocks as keras-hub's BERT
+        backbone calls them (positional arguments, an explicit padding mask)
+        gives the same outputs with keras-attn's block in their place."""
+
+        def encoder(block_class):
+            token_ids = keras.Input((None,), dtype="int32")
+            padding_mask = keras.Input((None,), dtype="bool")
+            x = keras_hub.layers.TokenAndPositionEmbedding(
+                vocabulary_size=12, sequence_length=8, embedding_dim=8
+            )(token_ids)
+            x = block_class(16, 2)(x, padding_mask=padding_mask)
+            x = block_class(16, 2, normalize_first=True)(x, padding_mask=padding_mask)
+            outputs = keras.layers.Dense(2, dtype="float32")(x)
+            return keras.Model([token_ids, padding_mask], outputs)
+
+        keras.config.set_dtype_policy(policy)
+        theirs = encoder(keras_hub.layers.TransformerEncoder)
+        ours = encoder(TransformerEncoderBlock)
+        ours.set_weights(theirs.get_weights())
+        real = IDS != 0
+        got, want = to_numpy(ours([IDS, real])), to_numpy(theirs([IDS, real]))
+        # keras-hub lets padded positions attend; their rows are not compared.
+        np.testing.assert_allclose(
+            got[real], want[real], atol=tolerance, rtol=tolerance
+        )
+        self.assertFalse(np.allclose(got[~real], want[~real], atol=tolerance))
+
+    def test_int8_quantization_as_keras_hub_and_through_save_and_load(self):
+        def encoder(block_class):
+            inputs = keras.Input((5, 8))
+            x = block_class(16, 2, name="first")(inputs)
+            return keras.Model(inputs, block_class(16, 2, normalize_first=True)(x))
+
+        ours, theirs = (
+            encoder(TransformerEncoderBlock),
+            encoder(keras_hub.layers.TransformerEncoder),
+        )
+        ours.set_weights(theirs.get_weights())
+        ours.quantize("int8")
+        theirs.quantize("int8")
+        block = ours.get_layer("first")
+        self.assertEqual(block.self_attention.query_dense.quantization_mode, "int8")
+        self.assertEqual(block.feedforward_output_dense.quantization_mode, "int8")
+        got = to_numpy(ours(INPUTS))
+        np.testing.assert_allclose(got, to_numpy(theirs(INPUTS)), atol=1e-5)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "quantized.keras")
+            ours.save(path)
+            loaded = keras.saving.load_model(path)
+        np.testing.assert_allclose(to_numpy(loaded(INPUTS)), got, atol=0)
 
     @parameterized.named_parameters(("post_norm", False), ("pre_norm", True))
     def test_matches_keras_hub_with_copied_weights(self, normalize_first):
@@ -181,6 +263,7 @@ class TransformerEncoderBlockTest(TestCase):
             ("num_heads", 0),
             ("intermediate_dim", 2.5),
             ("dropout", 1.0),
+            ("dropout", -0.5),
             ("attention_dropout", -0.1),
             ("normalize_first", "yes"),
             ("layer_norm_epsilon", 0),
@@ -191,6 +274,11 @@ class TransformerEncoderBlockTest(TestCase):
                 TransformerEncoderBlock(**{**INIT, name: value})
         with self.assertRaisesRegex(ValueError, "Received: activation='nope'"):
             TransformerEncoderBlock(**INIT, activation="nope")
+        for name in ("kernel_initializer", "bias_initializer"):
+            with self.assertRaisesRegex(ValueError, f"Received: {name}='nope'"):
+                TransformerEncoderBlock(**INIT, **{name: "nope"})
+        with self.assertRaisesRegex(ValueError, "Received: flash_attention=True"):
+            TransformerEncoderBlock(**INIT, dropout=0.1, flash_attention=True)
         with self.assertRaisesRegex(
             ValueError, r"num_heads=3, inputs.shape=\(2, 5, 8\)"
         ):

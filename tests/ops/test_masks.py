@@ -7,6 +7,7 @@ from keras_attn.ops import (
     combine_masks,
     padding_mask,
     padding_mask_from_lengths,
+    sliding_window_mask,
 )
 from tests.test_case import to_numpy
 
@@ -65,3 +66,12 @@ def test_attention_mask_from_padding():
     np.testing.assert_array_equal(mask, [[[True, True, False], [False, False, False]]])
     assert attention_mask_from_padding(None, None) is None
     assert to_numpy(attention_mask_from_padding(None, key_mask)).shape == (1, 1, 3)
+
+
+@pytest.mark.parametrize("offset", [0, 2])
+def test_sliding_window_mask_is_a_band_around_each_query(offset):
+    mask = to_numpy(sliding_window_mask(3, 6, window=2, offset=offset))
+    query_positions = np.arange(3)[:, None] + offset
+    expected = np.abs(query_positions - np.arange(6)[None, :]) < 2
+    np.testing.assert_array_equal(mask, expected)
+    assert mask.sum(-1).tolist() == ([2, 3, 3] if offset == 0 else [3, 3, 3])

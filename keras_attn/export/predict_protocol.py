@@ -1,0 +1,569 @@
+"""TF Serving's Predict API around a loaded SavedModel, as the server does it.
+
+What `tensorflow_model_server` does with a `PredictRequest` (gRPC) or a REST
+`:predict` body before and after the graph runs, written after its sources
+at the 2.20.0 tag: `servables/tensorflow/predict_util.cc` (signature lookup,
+input checks, fetching every output or the `output_filter`), TensorFlow's
+`saved_model::GetInputValues` (tensor protos fed by input name), the
+executor's argument check (a wrong dtype is refused before the graph runs),
+`Tensor::AsProtoField` (the response's tensors) and `util/json_tensor.cc`
+(REST row and columnar forms, `{"b64": ...}` strings, float formatting).
+It is the project's stand-in for the server, not the server: the graph runs
+in a TF1 session opened with the `serve` tag, as the server's loader opens
+it, and the conversions are re-implementations, tested against the rules
+quoted here.
+
+This module imports NumPy, TensorFlow and `tensorflow_serving`'s protos
+only, so that `check_servable` can load it by file path in a process where
+keras and keras_attn cannot be imported.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+import numpy as np
+import tensorflow as tf
+
+DEFAULT_SIGNATURE = "serving_default"
+PREDICT_METHOD = "tensorflow/serving/predict"
+
+
+class PredictError(Exception):
+    """A request the server refuses, with its status code and message."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def signature_for(meta_graph, request):
+    """`(name, SignatureDef)` of the request's signature."""
+    name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+    if name not in meta_graph.signature_def:
+        raise PredictError(
+            "FAILED_PRECONDITION", f'Serving signature key "{name}" not found.'
+        )
+    return name, meta_graph.signature_def[name]
+
+
+def request_feeds(signature, request) -> list:
+    """`[(tensor name, array)]` to feed: the request's tensor protos by input
+    name, after the server's checks (predict_util.cc's
+    VerifyRequestInputsSize, saved_model::GetInputValues, and the dtype
+    check the executor makes before the graph runs)."""
+    request_inputs = set(request.inputs)
+    signature_inputs = set(signature.inputs)
+    if len(request_inputs) > len(signature_inputs) or (
+        len(request_inputs) < len(signature_inputs) and not signature.defaults
+    ):
+        extra = sorted(request_inputs - signature_inputs)
+        missing = sorted(signature_inputs - request_inputs)
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            f"input size does not match signature: {len(request_inputs)}!="
+            f"{len(signature_inputs)} len({{{','.join(sorted(request_inputs))}}}) "
+            f"!= len({{{','.join(sorted(signature_inputs))}}}). Sent extra: "
+            f"{{{','.join(extra)}}}. Missing but required: {{{','.join(missing)}}}.",
+        )
+    feeds = []
+    for position, alias in enumerate(sorted(signature.inputs)):
+        info = signature.inputs[alias]
+        if alias not in request.inputs:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"Signature input alias: {alias}(feed name: {info.name}) not found "
+                "in request and no default value provided. Inputs expected to be "
+                f"in the request {{{','.join(sorted(request_inputs))}}}, or default "
+                f"input alias set: {','.join(sorted(signature.defaults))}",
+            )
+        proto = request.inputs[alias]
+        try:
+            value = tf.make_ndarray(proto)
+        except Exception as error:  # any proto it cannot parse
+            raise PredictError(
+                "INVALID_ARGUMENT", f"tensor parsing error: {alias}"
+            ) from error
+        if proto.dtype != info.dtype:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"Expects arg[{position}] to be {_dtype_name(info.dtype)} but "
+                f"{_dtype_name(proto.dtype)} is provided",
+            )
+        feeds.append((info.name, value))
+    return feeds
+
+
+def output_names(signature, request) -> list:
+    """The output aliases to fetch: `output_filter`, else all of them."""
+    aliases = list(request.output_filter) or sorted(signature.outputs)
+    seen = set()
+    for alias in aliases:
+        if alias not in signature.outputs:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"output tensor alias not found in signature: {alias} Outputs "
+                f"expected to be in the set {{{','.join(sorted(signature.outputs))}}}.",
+            )
+        if alias in seen:
+            raise PredictError(
+                "INVALID_ARGUMENT", f"duplicate output tensor alias: {alias}"
+            )
+        seen.add(alias)
+    return aliases
+
+
+def run_predict(session, meta_graph, request, model_version=None, run=None):
+    """The server's `RunPredict`: a `PredictResponse` for `request`.
+
+    `session` is a `tf.compat.v1.Session` holding the SavedModel loaded with
+    the `serve` tag, `meta_graph` the loader's `MetaGraphDef`. `run` (for the
+    batching stand-in) replaces `session.run(fetches, feed_dict)`.
+    """
+    from tensorflow_serving.apis import predict_pb2
+
+    name, signature = signature_for(meta_graph, request)
+    if signature.method_name != PREDICT_METHOD:
+        raise PredictError(
+            "INTERNAL",
+            "Expected prediction signature method_name to be one of "
+            f"{{{PREDICT_METHOD}, ...}}. Was: {signature.method_name}",
+        )
+    feeds = request_feeds(signature, request)
+    aliases = output_names(signature, request)
+    fetches = [signature.outputs[alias].name for alias in aliases]
+    if run is None:
+        values = session.run(fetches, feed_dict=dict(feeds))
+    else:
+        values = run(fetches, dict(feeds))
+    response = predict_pb2.PredictResponse()
+    response.model_spec.name = request.model_spec.name
+    response.model_spec.signature_name = name
+    if model_version is not None:
+        response.model_spec.version.value = int(model_version)
+    for alias, value in zip(aliases, values, strict=True):
+        response.outputs[alias].CopyFrom(tensor_proto_as_field(np.asarray(value)))
+    return response
+
+
+def tensor_proto_as_field(value: np.ndarray):
+    """A `TensorProto` with the values in its typed field (`float_val`,
+    `int_val`, `string_val`...), as the server's `Tensor::AsProtoField`
+    writes responses (not `tensor_content`)."""
+    proto = tf.make_tensor_proto(value)
+    if proto.tensor_content:
+        proto.ClearField("tensor_content")
+        flat = value.reshape(-1)
+        if value.dtype == np.float32:
+            proto.float_val.extend(flat.tolist())
+        elif value.dtype == np.float64:
+            proto.double_val.extend(flat.tolist())
+        elif value.dtype in (np.int32, np.int16, np.int8, np.uint8):
+            proto.int_val.extend(flat.tolist())
+        elif value.dtype == np.int64:
+            proto.int64_val.extend(flat.tolist())
+        elif value.dtype == np.bool_:
+            proto.bool_val.extend(flat.tolist())
+        else:
+            raise TypeError(f"no proto field for dtype {value.dtype}")
+    return proto
+
+
+def response_arrays(response) -> dict:
+    """`{output: array}` of a `PredictResponse` (what a client does)."""
+    return {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
+
+
+def _dtype_name(dtype: int) -> str:
+    return tf.dtypes.as_dtype(dtype).name
+
+
+# ---- REST (util/json_tensor.cc) ----
+
+
+def rest_to_request(body: str | bytes, model_name: str, meta_graph):
+    """A REST `:predict` JSON body as the `PredictRequest` the server builds
+    from it (FillPredictRequestFromJson). Returns `(request, form)` with
+    `form` "row" (`instances`) or "columnar" (`inputs`)."""
+    from tensorflow_serving.apis import predict_pb2
+
+    try:
+        document = json.loads(body)
+    except ValueError as error:
+        raise PredictError("INVALID_ARGUMENT", f"JSON Parse error: {error}") from None
+    if not isinstance(document, dict):
+        raise PredictError(
+            "INVALID_ARGUMENT", f"JSON Value: {_debug(document)} Is not object"
+        )
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model_name
+    if "signature_name" in document:
+        if not isinstance(document["signature_name"], str):
+            raise PredictError(
+                "INVALID_ARGUMENT", "'signature_name' key must be a string"
+            )
+        request.model_spec.signature_name = document["signature_name"]
+    _, signature = signature_for(meta_graph, request)
+    infos = dict(signature.inputs)
+    if "instances" in document and "inputs" in document:
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            f"JSON Value: {_debug(document)} Not formatted correctly expecting "
+            "only one of 'inputs' or 'instances' keys to exist ",
+        )
+    if "instances" in document:
+        instances = document["instances"]
+        if not isinstance(instances, list):
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"JSON Value: {_debug(document)} Expecting 'instances' to be an "
+                "list/array",
+            )
+        if not instances:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"JSON Value: {_debug(document)} No values in 'instances' array",
+            )
+        columns = _columns_from_instances(instances, infos)
+        form = "row"
+    elif "inputs" in document:
+        columns = _columns_from_inputs(document["inputs"], infos)
+        form = "columnar"
+    else:
+        raise PredictError("INVALID_ARGUMENT", "Missing 'inputs' or 'instances' key")
+    for name, column in columns.items():
+        dtype = tf.dtypes.as_dtype(infos[name].dtype)
+        request.inputs[name].CopyFrom(_tensor_from_json(column, dtype))
+    return request, form
+
+
+def _is_b64(value) -> bool:
+    return (
+        isinstance(value, dict)
+        and list(value) == ["b64"]
+        and isinstance(value["b64"], str)
+    )
+
+
+def _debug(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "Null"
+    if value is True or value is False:
+        return str(value)
+    if isinstance(value, dict):
+        return "Object"
+    if isinstance(value, list):
+        return "Array"
+    return "String" if isinstance(value, str) else "Number"
+
+
+def _columns_from_instances(instances: list, infos: dict) -> dict:
+    """FillTensorMapFromInstancesList: `{input: (values, shape)}`."""
+    objects = isinstance(instances[0], dict) and not _is_b64(instances[0])
+    if not objects and len(infos) > 1:
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            "instances is a plain list, but expecting list of objects as multiple "
+            "input tensors required as per tensorinfo_map",
+        )
+    names = sorted(infos)
+    values = {name: [] for name in names}
+    shapes: dict = {}
+
+    def add(item, name, index):
+        dtype = tf.dtypes.as_dtype(infos[name].dtype)
+        shape = _dense_shape(item)
+        try:
+            flat = _fill(item, 0, shape, dtype)
+        except PredictError as error:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"Failed to process element: {index} of 'instances' list. "
+                f"Error: {error}",
+            ) from None
+        if name in shapes and shapes[name] != shape:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"Failed to process element: {index} of 'instances' list. Error: "
+                f"INVALID_ARGUMENT: Expecting shape {shapes[name]} but got: {shape}",
+            )
+        shapes[name] = shape
+        values[name].extend(flat)
+
+    for index, instance in enumerate(instances):
+        is_object = isinstance(instance, dict) and not _is_b64(instance)
+        if objects:
+            if not is_object:
+                raise PredictError(
+                    "INVALID_ARGUMENT",
+                    f"Expecting object but got list at item {index} of input list",
+                )
+            for name, item in instance.items():
+                if name not in infos:
+                    raise PredictError(
+                        "INVALID_ARGUMENT",
+                        f"Failed to process element: {index} key: {name} of "
+                        "'instances' list. Error: INVALID_ARGUMENT: JSON object: "
+                        f"does not have named input: {name}",
+                    )
+                add(item, name, index)
+            if sorted(instance) != names:
+                raise PredictError(
+                    "INVALID_ARGUMENT",
+                    f"Failed to process element: {index} of 'instances' list. "
+                    f"JSON object: {_debug(instance)} keys must be equal to: "
+                    f"{','.join(names)}",
+                )
+        else:
+            if is_object:
+                raise PredictError(
+                    "INVALID_ARGUMENT",
+                    f"Expecting value/list but got object at item {index} of "
+                    "input list",
+                )
+            add(instance, names[0], index)
+    return {name: (values[name], [len(instances), *shapes[name]]) for name in names}
+
+
+def _columns_from_inputs(inputs, infos: dict) -> dict:
+    """FillTensorMapFromInputsMap: `{input: (values, shape)}`."""
+    if not isinstance(inputs, dict) or _is_b64(inputs):
+        if len(infos) > 1:
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                "inputs is a plain value/list, but expecting an object as "
+                "multiple input tensors required as per tensorinfo_map",
+            )
+        items = {next(iter(infos)): inputs}
+    else:
+        items = {}
+        for name in sorted(infos):
+            if name not in inputs:
+                raise PredictError(
+                    "INVALID_ARGUMENT",
+                    f"Missing named input: {name} in 'inputs' object.",
+                )
+            items[name] = inputs[name]
+    columns = {}
+    for name, item in items.items():
+        shape = _dense_shape(item)
+        columns[name] = (
+            _fill(item, 0, shape, tf.dtypes.as_dtype(infos[name].dtype)),
+            shape,
+        )
+    return columns
+
+
+def _dense_shape(value) -> list:
+    """GetDenseTensorShape: the sizes of the first element at each level."""
+    shape = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return shape
+
+
+def _fill(value, level: int, shape: list, dtype) -> list:
+    """FillTensorProto: the values of `value` in row-major order."""
+    if not isinstance(value, list):
+        if level != len(shape):
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"JSON Value: {_debug(value)} found at incorrect level: "
+                f"{level + 1} in the JSON DOM. Expected at level: {len(shape)}",
+            )
+        return [_value(value, dtype)]
+    if level >= len(shape):
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            f"Encountered list at unexpected level: {level} expected < {len(shape)}",
+        )
+    if len(value) != shape[level]:
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            f"Encountered list at unexpected size: {len(value)} at level: {level} "
+            f"expected size: {shape[level]}",
+        )
+    return [v for item in value for v in _fill(item, level + 1, shape, dtype)]
+
+
+def _value(value, dtype):
+    def type_error():
+        return PredictError(
+            "INVALID_ARGUMENT",
+            f"JSON Value: {_debug(value)} Type: {_json_type(value)} is not of "
+            f"expected type: {dtype.name}",
+        )
+
+    if isinstance(value, dict):
+        if dtype != tf.string:
+            raise type_error()
+        if not _is_b64(value):
+            raise PredictError(
+                "INVALID_ARGUMENT",
+                f"JSON Value: {_debug(value)} not formatted correctly for base64 data",
+            )
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except ValueError:
+            raise PredictError("INVALID_ARGUMENT", "Unable to base64 decode") from None
+    if dtype == tf.string:
+        if not isinstance(value, str):
+            raise type_error()
+        return value.encode("utf-8")
+    if dtype == tf.bool:
+        if not isinstance(value, bool):
+            raise type_error()
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error()
+    return value
+
+
+def _tensor_from_json(column, dtype):
+    values, shape = column
+    array = np.empty(len(values), dtype=object if dtype == tf.string else None)
+    if dtype == tf.string:
+        array[:] = values
+    else:
+        array = np.array(values, dtype=dtype.as_numpy_dtype)
+    return tf.make_tensor_proto(array.reshape(shape), dtype=dtype)
+
+
+def format_float(value, dtype=np.float32) -> str:
+    """A float as the server writes it in JSON (json_tensor.cc WriteDecimal):
+    printf `%g` (six significant digits) when that reads back as the same
+    value, else `%.9g` (float32; `%.17g` for float64), with `.0` added to
+    whole numbers; NaN and ±Infinity as such."""
+    value = dtype(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "-Infinity" if value < 0 else "Infinity"
+    text = f"{float(value):g}"
+    if dtype(float(text)) != value:
+        digits = 9 if dtype == np.float32 else 17
+        text = f"{float(value):.{digits}g}"
+    if "." not in text and "e" not in text:
+        text += ".0"
+    return text
+
+
+class JsonNumber(float):
+    """A float that `dumps` writes as `text` (the server's digits)."""
+
+    def __new__(cls, value, text):
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+    def __repr__(self):
+        return self.text
+
+
+def _json_values(value: np.ndarray, as_bytes: bool):
+    if value.dtype.kind in "SO":
+        flat = [
+            {"b64": base64.b64encode(v).decode("ascii")}
+            if as_bytes
+            else v.decode("utf-8", "replace")
+            for v in value.reshape(-1)
+        ]
+    elif value.dtype.kind == "f":
+        flat = [
+            JsonNumber(v, format_float(v, value.dtype.type)) for v in value.reshape(-1)
+        ]
+    elif value.dtype.kind == "b":
+        flat = [bool(v) for v in value.reshape(-1)]
+    else:
+        flat = [int(v) for v in value.reshape(-1)]
+    return _nest(flat, value.shape)
+
+
+def _nest(flat: list, shape: tuple):
+    """`flat` (row-major) as nested lists of `shape`."""
+    if not shape:
+        return flat[0]
+    if len(shape) == 1:
+        return list(flat)
+    step = int(np.prod(shape[1:]))
+    return [_nest(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+def response_to_rest(response, form: str) -> str:
+    """The JSON text the server answers a REST `:predict` with:
+    `{"predictions": ...}` (row form: one object per row, or the bare value
+    with one output) or `{"outputs": ...}` (columnar: an object of outputs,
+    or the bare value with one output). String outputs whose name ends in
+    `_bytes` are written as `{"b64": ...}`."""
+    arrays = response_arrays(response)
+    if not arrays:
+        raise PredictError(
+            "INVALID_ARGUMENT", "Cannot convert empty tensor map to JSON"
+        )
+    columns = {
+        name: _json_values(value, name.endswith("_bytes") and value.dtype.kind in "SO")
+        for name, value in sorted(arrays.items())
+    }
+    if form == "row":
+        sizes = {
+            name: np.shape(value)[0] if np.ndim(value) else None
+            for name, value in arrays.items()
+        }
+        if None in sizes.values():
+            name = next(n for n, s in sizes.items() if s is None)
+            raise PredictError(
+                "INVALID_ARGUMENT", f"Tensor name: {name} has no shape information "
+            )
+        if len(set(sizes.values())) > 1:
+            raise PredictError(
+                "INVALID_ARGUMENT", "Tensor name: has inconsistent batch size"
+            )
+        if len(columns) == 1:
+            body = {"predictions": next(iter(columns.values()))}
+        else:
+            size = next(iter(sizes.values()))
+            body = {
+                "predictions": [
+                    {name: column[i] for name, column in columns.items()}
+                    for i in range(size)
+                ]
+            }
+    else:
+        body = {
+            "outputs": next(iter(columns.values())) if len(columns) == 1 else columns
+        }
+    return dumps(body)
+
+
+def dumps(body) -> str:
+    """`json.dumps` writing floats with the server's digits."""
+
+    def encode(value):
+        if isinstance(value, JsonNumber):
+            return value.text
+        if isinstance(value, dict):
+            items = ", ".join(
+                f"{json.dumps(k, ensure_ascii=False)}: {encode(v)}"
+                for k, v in value.items()
+            )
+            return "{" + items + "}"
+        if isinstance(value, list):
+            return "[" + ", ".join(encode(v) for v in value) + "]"
+        return json.dumps(value, ensure_ascii=False)
+
+    return encode(body)
+
+
+def error_to_rest(error: PredictError) -> str:
+    """The REST body of an error (`{"error": message}`)."""
+    return json.dumps({"error": error.message}, ensure_ascii=False)

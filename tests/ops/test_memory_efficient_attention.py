@@ -1,0 +1,536 @@
+"""`memory_efficient_attention` equals the explicit path, outputs and gradients.
+
+The reference is `keras_attn.ops.dot_product_attention(..., return_weights=True)`
+(the explicit path on every backend) with the combined `(B, N|1, Tq, Tk)` mask.
+Lengths are not multiples of the block sizes, and Tq != Tk.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attn.ops import causal_mask, dot_product_attention
+from keras_attn.ops import memory_efficient_attention as attention
+from keras_attn.ops.softmax import masked_softmax
+from tests.test_case import outputs_and_gradients, to_numpy
+
+B, TQ, TK, N, H, HV = 2, 11, 13, 2, 4, 3
+RNG = np.random.default_rng(7)
+Q = RNG.normal(size=(B, TQ, N, H)).astype("float32")
+K = RNG.normal(size=(B, TK, N, H)).astype("float32")
+V = RNG.normal(size=(B, TK, N, HV)).astype("float32")
+COTANGENT = RNG.normal(size=(B, TQ, N, HV)).astype("float32")
+KEY_PADDING = np.ones((B, TK), bool)
+KEY_PADDING[0, 9:] = False  # padded keys, in the last key block
+KEY_PADDING[1, :4] = False  # left padding
+QUERY_PADDING = np.ones((B, TQ), bool)
+QUERY_PADDING[1, 7:] = False
+EXPLICIT = RNG.random((B, TQ, TK)) > 0.3
+EXPLICIT_PER_HEAD = RNG.random((1, N, TQ, TK)) > 0.4
+OFFSET = 2  # the first query is key position 2, as in cached decoding
+
+LAYOUTS = {
+    "key_blocks": {"query_block_size": 4, "key_block_size": 3},
+    "all_keys": {"query_block_size": 4, "key_block_size": None},
+    "defaults": {},
+}
+
+
+def mask_case(kind):
+    """`(kwargs of memory_efficient_attention, combined mask (B, N|1, Tq, Tk))`."""
+    full = np.ones((B, 1, TQ, TK), bool)
+    kwargs = {}
+    if kind in ("key_padding", "combined"):
+        kwargs["key_padding_mask"] = KEY_PADDING
+        full &= KEY_PADDING[:, None, None, :]
+    if kind in ("query_padding", "combined"):
+        kwargs["query_padding_mask"] = QUERY_PADDING
+        full &= QUERY_PADDING[:, None, :, None]
+    if kind in ("explicit", "combined", "fully_masked_rows"):
+        explicit = EXPLICIT.copy()
+        if kind == "fully_masked_rows":
+            explicit[0, 3] = False  # a query row with no key at all
+            explicit[1, :, :] = False  # and a whole sequence
+        kwargs["attention_mask"] = explicit
+        full &= explicit[:, None]
+    if kind == "explicit_per_head":
+        kwargs["attention_mask"] = EXPLICIT_PER_HEAD
+        full = full & EXPLICIT_PER_HEAD
+    if kind in ("causal", "combined"):
+        kwargs["causal"] = True
+        full &= np.asarray(to_numpy(causal_mask(TQ, TK)))[None, None]
+    if kind == "causal_offset":
+        kwargs.update(causal=True, causal_offset=OFFSET)
+        full &= np.asarray(to_numpy(causal_mask(TQ, TK, OFFSET)))[None, None]
+    if kind == "negative_offset":  # the first rows see no key
+        kwargs.update(causal=True, causal_offset=-3)
+        full &= np.asarray(to_numpy(causal_mask(TQ, TK, -3)))[None, None]
+    return kwargs, full
+
+
+def explicit(q, k, v, mask):
+    return dot_product_attention(q, k, v, mask=mask, return_weights=True)[0]
+
+
+# JAX compiles the block loops either way; compiling the whole computation
+# once is quicker than running it op by op.
+JIT = keras.backend.backend() == "jax"
+
+
+def assert_same_outputs_and_gradients(fn, reference, inputs=(Q, K, V), atol=1e-5):
+    """`fn` and `reference` agree on `inputs`, outputs and gradients; returns
+    `fn`'s `(outputs, gradients)`."""
+    got = outputs_and_gradients(fn, inputs, COTANGENT, jit=JIT)
+    want = outputs_and_gradients(reference, inputs, COTANGENT, jit=JIT)
+    np.testing.assert_allclose(got[0], want[0], atol=atol)
+    for got_grad, want_grad in zip(got[1], want[1], strict=True):
+        np.testing.assert_allclose(got_grad, want_grad, atol=atol)
+    return got
+
+
+MASK_KINDS = [
+    "none",
+    "key_padding",
+    "query_padding",
+    "causal",
+    "causal_offset",
+    "negative_offset",
+    "explicit",
+    "explicit_per_head",
+    "fully_masked_rows",
+    "combined",
+]
+
+
+# Every mask kind with key blocks; with all the keys in one block (the same
+# mask code, another softmax and backward pass) the kinds that cover each
+# mask component.
+ALL_KEYS_KINDS = [
+    "none",
+    "causal_offset",
+    "explicit_per_head",
+    "fully_masked_rows",
+    "combined",
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "layout"),
+    [(kind, "key_blocks") for kind in MASK_KINDS]
+    + [(kind, "all_keys") for kind in ALL_KEYS_KINDS],
+)
+def test_outputs_and_gradients_equal_the_explicit_path(kind, layout):
+    kwargs, full = mask_case(kind)
+
+    def efficient(q, k, v):
+        return attention(q, k, v, **kwargs, **LAYOUTS[layout])
+
+    def reference(q, k, v):
+        return explicit(q, k, v, full)
+
+    outputs, (d_query, _, _) = assert_same_outputs_and_gradients(efficient, reference)
+    if kind == "fully_masked_rows":
+        np.testing.assert_array_equal(outputs[0, 3], 0.0)
+        np.testing.assert_array_equal(outputs[1], 0.0)
+        np.testing.assert_array_equal(d_query[0, 3], 0.0)
+
+
+@pytest.mark.parametrize("kind", ["combined", "causal_offset"])
+def test_default_blocks_compiled(kind):
+    kwargs, full = mask_case(kind)
+    got = outputs_and_gradients(
+        lambda q, k, v: attention(q, k, v, **kwargs), (Q, K, V), COTANGENT, jit=True
+    )
+    want = outputs_and_gradients(
+        lambda q, k, v: explicit(q, k, v, full), (Q, K, V), COTANGENT
+    )
+    for g, w in zip([got[0], *got[1]], [want[0], *want[1]], strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["key_blocks", "all_keys"])
+def test_causal_offset_may_be_a_tensor(layout):
+    _, full = mask_case("causal_offset")
+    offset = ops.convert_to_tensor(OFFSET, "int32")
+    got = attention(Q, K, V, causal=True, causal_offset=offset, **LAYOUTS[layout])
+    np.testing.assert_allclose(
+        to_numpy(got), to_numpy(explicit(Q, K, V, full)), atol=1e-5
+    )
+
+
+def test_self_attention_with_one_block_per_sequence_and_one_query():
+    # Block sizes above the lengths, and a single query (a decoding step).
+    full = np.ones((B, 1, 1, TK), bool)
+    got = attention(Q[:, :1], K, V, query_block_size=64, key_block_size=64)
+    np.testing.assert_allclose(
+        to_numpy(got), to_numpy(explicit(Q[:, :1], K, V, full)), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize(("query_length", "key_length"), [(0, TK), (TQ, 0)])
+def test_empty_sequences_give_zeros(query_length, key_length):
+    outputs = attention(Q[:, :query_length], K[:, :key_length], V[:, :key_length])
+    assert tuple(outputs.shape) == (B, query_length, N, HV)
+    np.testing.assert_array_equal(to_numpy(outputs), 0.0)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "layout"), [("float16", "key_blocks"), ("bfloat16", "all_keys")]
+)
+def test_half_precision_inputs_use_a_float32_softmax(dtype, layout):
+    # Logits up to ~±1000: float16 logits would overflow, a float16 softmax
+    # would be far off; the float32 softmax stays finite and close.
+    kwargs, full = mask_case("combined")
+    q, k, v = (ops.cast(x * 6.0, dtype) for x in (Q, K, V))
+    outputs = attention(q, k, v, **kwargs, **LAYOUTS[layout])
+    assert keras.backend.standardize_dtype(outputs.dtype) == dtype
+    # The reference: float32 on the same (rounded) inputs.
+    q32, k32, v32 = (ops.cast(x, "float32") for x in (q, k, v))
+    want = to_numpy(explicit(q32, k32, v32, full))
+    got = to_numpy(ops.cast(outputs, "float32"))
+    assert np.isfinite(got).all()
+    tolerance = 4e-2 if dtype == "bfloat16" else 5e-3  # output rounding
+    np.testing.assert_allclose(got, want, atol=tolerance * 6.0, rtol=tolerance)
+    _, grads = outputs_and_gradients(
+        lambda a, b, c: attention(a, b, c, **kwargs, **LAYOUTS[layout]),
+        (q, k, v),
+        COTANGENT,
+        jit=JIT,
+    )
+    for grad in grads:
+        assert grad.dtype == np.dtype(keras.backend.standardize_dtype(dtype))
+        assert np.isfinite(grad.astype("float32")).all()
+
+
+# -- dropout ------------------------------------------------------------------------
+
+RATE = 0.3
+
+
+def one_hot_values():
+    """`(B, Tk, N, Tk)`: value k of every head is the k-th unit vector, so the
+    output row of query q is its (dropped) weight row."""
+    return np.tile(np.eye(TK, dtype="float32")[None, :, None, :], (B, 1, N, 1))
+
+
+@pytest.mark.parametrize("layout", ["key_blocks", "all_keys"])
+def test_dropout_keeps_or_rescales_each_weight_and_the_gradient_follows(layout):
+    kwargs, full = mask_case("combined")
+    values = one_hot_values()
+
+    def dropped(q, k, v, seed=3):
+        return attention(
+            q,
+            k,
+            v,
+            **kwargs,
+            **LAYOUTS[layout],
+            dropout_rate=RATE,
+            training=True,
+            seed_generator=keras.random.SeedGenerator(seed),
+        )
+
+    weights = to_numpy(
+        masked_softmax(np.einsum("bqnh,bknh->bnqk", Q, K) / np.sqrt(H), full)
+    )  # (B, N, Tq, Tk)
+    observed_rows = to_numpy(dropped(Q, K, values))  # (B, Tq, N, Tk)
+    observed = np.transpose(observed_rows, (0, 2, 1, 3))
+    kept = np.isclose(observed, weights / (1 - RATE), atol=1e-6) & (weights > 0)
+    zeroed = observed == 0.0
+    assert (kept | zeroed).all(), "a weight neither kept and rescaled nor dropped"
+    valid = weights > 0
+    keep_fraction = kept[valid].mean()
+    spread = 5 * np.sqrt(RATE * (1 - RATE) / valid.sum())
+    assert abs(keep_fraction - (1 - RATE)) < spread, keep_fraction
+    # Another seed draws another mask.
+    assert not np.array_equal(to_numpy(dropped(Q, K, values, seed=4)), observed_rows)
+
+    # The same seed draws the same mask, and the gradients are those of the
+    # explicit formula with it.
+    keep = kept.astype("float32") / (1 - RATE)  # (B, N, Tq, Tk)
+
+    def reference(q, k, v):
+        logits = ops.einsum("bqnh,bknh->bnqk", q, k) / np.sqrt(H)
+        attended = masked_softmax(logits, full) * keep
+        return ops.einsum("bnqk,bknh->bqnh", attended, v)
+
+    assert_same_outputs_and_gradients(dropped, reference)
+
+
+def test_dropout_only_in_training():
+    seed = keras.random.SeedGenerator(0)
+    inference = attention(
+        Q, K, V, dropout_rate=0.5, training=False, seed_generator=seed
+    )
+    np.testing.assert_array_equal(to_numpy(inference), to_numpy(attention(Q, K, V)))
+    trained = attention(Q, K, V, dropout_rate=0.5, training=True, seed_generator=seed)
+    assert not np.allclose(to_numpy(trained), to_numpy(inference))
+
+
+# -- arguments ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"query": Q[0]}, "Received: query.shape=(11, 2, 4)"),
+        ({"key": K[:, :, :1]}, "same number of heads"),
+        ({"value": V[:, :5]}, "`value` and `key` must have the same length"),
+        ({"query_block_size": 0}, "Received: query_block_size=0"),
+        ({"key_block_size": 2.5}, "Received: key_block_size=2.5"),
+        ({"key_block_size": "big"}, "Received: key_block_size='big'"),
+        (
+            {"key_padding_mask": KEY_PADDING[:, :5]},
+            "Received: key_padding_mask.shape=(2, 5)",
+        ),
+        (
+            {"query_padding_mask": KEY_PADDING},
+            "Received: query_padding_mask.shape=(2, 13)",
+        ),
+        (
+            {"attention_mask": EXPLICIT[:, :, :5]},
+            "Received: attention_mask.shape=(2, 11, 5)",
+        ),
+        ({"attention_mask": EXPLICIT[0, 0]}, "Received: attention_mask.shape=(13,)"),
+        ({"causal": 1}, "Received: causal=1"),
+        ({"causal": True, "causal_offset": 1.5}, "Received: causal_offset=1.5"),
+        ({"dropout_rate": 1.0}, "Received: dropout_rate=1.0"),
+        ({"scale": float("nan")}, "Received: scale=nan"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(kwargs, message):
+    args = {"query": Q, "key": K, "value": V, **kwargs}
+    with pytest.raises(
+        ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
+        attention(args.pop("query"), args.pop("key"), args.pop("value"), **args)
+
+
+# -- TensorFlow: unknown lengths, SavedModel -------------------------------------------
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("layout", ["key_blocks", "all_keys", "defaults"])
+def test_tf_function_with_unknown_lengths(layout):
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((None, None, N, None), "float32")
+
+    @tf.function(
+        input_signature=[
+            spec,
+            spec,
+            spec,
+            tf.TensorSpec((None, None), "bool"),
+            tf.TensorSpec((), "int32"),
+        ]
+    )
+    def attend_and_differentiate(q, k, v, key_padding, offset):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attention(
+                q,
+                k,
+                v,
+                key_padding_mask=key_padding,
+                causal=True,
+                causal_offset=offset,
+                **LAYOUTS[layout],
+            )
+            loss = tf.reduce_sum(out * out)
+        return out, tape.gradient(loss, [q, k, v])
+
+    for query_length, key_length, offset in (
+        (TQ, TK, OFFSET),
+        (1, TK, TK - 1),
+        (7, 7, 0),
+    ):
+        q, k, v = Q[:, :query_length], K[:, :key_length], V[:, :key_length, :, :H]
+        key_padding = KEY_PADDING[:, :key_length]
+        got, got_grads = attend_and_differentiate(q, k, v, key_padding, offset)
+        full = (
+            key_padding[:, None, None, :]
+            & np.asarray(causal_mask(query_length, key_length, offset))[None, None]
+        )
+
+        def reference(q, k, v, full=full):
+            return explicit(q, k, v, full)
+
+        want = to_numpy(reference(q, k, v))
+        np.testing.assert_allclose(to_numpy(got), want, atol=1e-5)
+        _, want_grads = outputs_and_gradients(reference, (q, k, v), 2 * want)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            np.testing.assert_allclose(to_numpy(g), w, atol=1e-5)
+
+
+def graph_op_types(concrete_function) -> set:
+    """Op types of a concrete function's graph and of every function it calls
+    (the loop bodies, the custom gradient)."""
+    graph_def = concrete_function.graph.as_graph_def()
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types |= {node.op for node in function.node_def}
+    return types
+
+
+@pytest.mark.tf_only
+def test_saved_model_loads_with_tensorflow_alone_and_has_no_xla_ops(tmp_path):
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((None, None, N, H), "float32")
+
+    class Attend(tf.Module):
+        @tf.function(input_signature=[spec, tf.TensorSpec((None, None), "bool")])
+        def serve(self, x, key_padding):
+            return attention(
+                x,
+                x,
+                x,
+                key_padding_mask=key_padding,
+                causal=True,
+                query_block_size=4,
+                key_block_size=3,
+            )
+
+        @tf.function(input_signature=[spec, tf.TensorSpec((None, None), "bool")])
+        def serve_all_keys(self, x, key_padding):
+            return attention(
+                x, x, x, key_padding_mask=key_padding, causal=True, key_block_size=None
+            )
+
+        @tf.function(input_signature=[spec])
+        def train(self, x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(attention(x, x, x, causal=True, key_block_size=3))
+            return tape.gradient(loss, x)
+
+    module = Attend()
+    for function in (module.serve, module.serve_all_keys, module.train):
+        types = graph_op_types(function.get_concrete_function())
+        assert "While" in types or "StatelessWhile" in types  # the block loops
+        assert not [t for t in types if t.startswith("Xla")], sorted(types)
+
+    export_dir = str(tmp_path / "attend")
+    tf.saved_model.save(module, export_dir)
+    # The graph as saved, its functions (loop bodies, gradient) included.
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as file:
+        saved.ParseFromString(file.read())
+    graph_def = saved.meta_graphs[0].graph_def
+    saved_types = {node.op for node in graph_def.node} | {
+        node.op for function in graph_def.library.function for node in function.node_def
+    }
+    assert not [t for t in saved_types if t.startswith("Xla")], sorted(saved_types)
+    x = Q[:, :, :, :H]
+    key_padding = QUERY_PADDING
+    expected = [
+        to_numpy(module.serve(x, key_padding)),
+        to_numpy(module.serve_all_keys(x, key_padding)),
+    ]
+    np.savez(tmp_path / "inputs.npz", x=x, key_padding=key_padding)
+    script = textwrap.dedent(f"""
+        import sys
+        for blocked in ("keras", "keras_attn", "keras_hub", "keras_nlp"):
+            sys.modules[blocked] = None
+        import numpy as np
+        import tensorflow as tf
+        loaded = tf.saved_model.load({export_dir!r})
+        data = np.load({str(tmp_path / "inputs.npz")!r})
+        outputs = [loaded.serve(data["x"], data["key_padding"]).numpy(),
+                   loaded.serve_all_keys(data["x"], data["key_padding"]).numpy()]
+        np.savez({str(tmp_path / "outputs.npz")!r}, *outputs)
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = np.load(tmp_path / "outputs.npz")
+    for index, want in enumerate(expected):
+        np.testing.assert_allclose(loaded[f"arr_{index}"], want, atol=1e-6)
+
+
+MEMORY_SCRIPT = """
+import json
+import numpy as np
+import tensorflow as tf
+from keras_attn.ops import dot_product_attention, memory_efficient_attention
+
+LENGTH = {length}
+
+
+def resident(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+
+
+spec = tf.TensorSpec((1, None, 1, 8), "float32")
+
+
+def step_of(attend):
+    @tf.function(input_signature=[spec])
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(attend(x))
+        return tape.gradient(loss, x)
+
+    return step
+
+
+steps = {{
+    "key_blocks": step_of(lambda x: memory_efficient_attention(x, x, x, causal=True)),
+    "all_keys": step_of(
+        lambda x: memory_efficient_attention(x, x, x, key_block_size=None)
+    ),
+    "explicit": step_of(
+        lambda x: dot_product_attention(x, x, x, return_weights=True)[0]
+    ),
+}}
+x = tf.constant(np.random.default_rng(0).normal(size=(1, LENGTH, 1, 8)), "float32")
+peaks = {{}}
+for name, step in steps.items():  # in increasing order of expected peak
+    step(x[:, :64]).numpy()  # traced at a short length, run below at LENGTH
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # the peak (VmHWM) restarts from VmRSS
+    baseline = resident("VmRSS")
+    step(x).numpy()
+    peaks[name] = resident("VmHWM") - baseline
+print(json.dumps(peaks))
+"""
+
+
+@pytest.mark.tf_only
+def test_graph_mode_memory_stays_below_one_quadratic_tensor():
+    """In `tf.function`, forward+backward at T=4096 peaks below half of one
+    `(T, T)` float32 tensor above its baseline, where the explicit path (the
+    control: the measurement sees quadratic memory) takes several."""
+    length = 4096
+    result = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT.format(length=length)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    peaks = json.loads(result.stdout.strip().splitlines()[-1])
+    quadratic = length * length * 4  # bytes of one (T, T) float32 tensor
+    assert peaks["explicit"] > 2 * quadratic, peaks
+    assert peaks["key_blocks"] < quadratic / 2, peaks
+    assert peaks["all_keys"] < quadratic / 2, peaks
