@@ -2,18 +2,22 @@
 
 Forward+backward of one self-attention layer (batch 1, d_model 256, 8 heads,
 no mask unless `--causal`) at each length, in float32 and mixed_bfloat16,
-through three paths:
+through the layers users get:
 
 - `keras`: `keras.layers.MultiHeadAttention`;
-- `explicit`: keras-attn's explicit path (`keras_attn.ops.dot_product_attention`
-  on TensorFlow), which materialises the `(B, N, T, T)` weights;
-- `memory_efficient`: `keras_attn.ops.memory_efficient_attention` with its
-  default blocks (`--blocks 256xall 512x512` adds variants, `QxK` query and
-  key block sizes, `all` for all the keys in one block).
+- `explicit`: `keras_attn.layers.MultiHeadAttention(flash_attention=False)`,
+  which materialises the `(B, N, T, T)` weights;
+- `memory_efficient`: `keras_attn.layers.MultiHeadAttention(flash_attention=True)`:
+  on TensorFlow (no fused kernel) the memory-efficient path at every length;
+- `auto` (not run by default): `flash_attention=None`, the path the layer
+  takes by itself (`keras_attn.ops.attention_path`: memory-efficient from
+  the switch-over length on).
 
-Both keras-attn paths run inside `SelfAttention` below (the same `EinsumDense`
-projections as Keras, weights copied from the Keras layer), so the paths
-differ only in the attention itself; the outputs are checked to agree.
+`--blocks 256xall 512x512` adds variants of the memory-efficient op with
+other block sizes (`QxK` query and key block sizes, `all` for all the keys in
+one block), called inside `SelfAttention` below (Keras's `EinsumDense`
+projections) since the layer takes the default blocks. All paths get the
+Keras layer's weights, and the outputs are checked to agree.
 
 Memory: the peak resident memory above the process's baseline (the layer
 built, the inputs made), measured for each point in its own process. Before
@@ -26,7 +30,7 @@ process per length and policy.
 
     .venv/bin/python benchmarks/long_attention_bench.py \\
         [--lengths 1024 2048 4096 8192 16384] [--policies float32 mixed_bfloat16] \\
-        [--paths keras explicit memory_efficient] [--blocks 256xall 512x512] \\
+        [--paths keras explicit memory_efficient auto] [--blocks 256xall 512x512] \\
         [--rounds 5] [--causal] [--json results.json]
 """
 
@@ -74,43 +78,40 @@ def path_name(blocks) -> str:
     return f"memory_efficient[{query}x{'all' if key is None else key}]"
 
 
+# flash_attention of the keras-attn layer on each of its paths.
+LAYER_PATHS = {"explicit": False, "memory_efficient": True, "auto": None}
+
+
 def build_layer(path: str, policy: str, causal: bool):
-    """The layer of one path; `path` is `keras`, `explicit` or a
+    """The layer of one path; `path` is `keras`, a key of `LAYER_PATHS` or a
     `memory_efficient[...]` name from `path_name`."""
     import keras
 
-    from keras_attn.ops import (
-        causal_mask,
-        dot_product_attention,
-        memory_efficient_attention,
-    )
+    from keras_attn.layers import MultiHeadAttention
+    from keras_attn.ops import memory_efficient_attention
 
     if path == "keras":
         return keras.layers.MultiHeadAttention(
             num_heads=HEADS, key_dim=HEAD_DIM, dtype=policy
         )
-    if path == "explicit":
+    if path in LAYER_PATHS:
+        return MultiHeadAttention(
+            num_heads=HEADS,
+            key_dim=HEAD_DIM,
+            flash_attention=LAYER_PATHS[path],
+            dtype=policy,
+        )
+    query_block, key_block = parse_blocks(path[len("memory_efficient[") : -1])
 
-        def attend(query, key, value):
-            # Asking for the weights pins the explicit path, whatever path the
-            # dispatcher would pick otherwise; the gradient needs the weights
-            # anyway, so this costs no memory the explicit path does not.
-            length = keras.ops.shape(query)[1]
-            mask = causal_mask(length, length)[None, None] if causal else None
-            return dot_product_attention(
-                query, key, value, mask=mask, return_weights=True
-            )[0]
-
-    else:
-        blocks = {}
-        if path != "memory_efficient":
-            query_block, key_block = parse_blocks(path[len("memory_efficient[") : -1])
-            blocks = {"query_block_size": query_block, "key_block_size": key_block}
-
-        def attend(query, key, value):
-            return memory_efficient_attention(
-                query, key, value, causal=causal, **blocks
-            )
+    def attend(query, key, value):
+        return memory_efficient_attention(
+            query,
+            key,
+            value,
+            causal=causal,
+            query_block_size=query_block,
+            key_block_size=key_block,
+        )
 
     return SelfAttention(attend, dtype=policy, name="self_attention")
 
@@ -233,6 +234,11 @@ def predicted_bytes(path: str, length: int, policy: str, measured: dict) -> int:
     shorter length, scaled by (T/T0)² for the explicit paths and T/T0 for
     the memory-efficient ones; without one, the size of its largest tensors."""
     quadratic = path in QUADRATIC_TENSORS
+    if path == "auto":  # the explicit path below the switch-over length
+        from keras_attn.ops import switch_over_length
+
+        compute_dtype = "float32" if policy == "float32" else policy.split("_")[-1]
+        quadratic = length < switch_over_length(compute_dtype)
     shorter = [
         (t, peak)
         for (p, t, pol), peak in measured.items()
@@ -243,7 +249,8 @@ def predicted_bytes(path: str, length: int, policy: str, measured: dict) -> int:
         ratio = length / t0
         return int(max(peak, 64 * 2**20) * (ratio**2 if quadratic else ratio))
     if quadratic:
-        return int(QUADRATIC_TENSORS[path] * BATCH * HEADS * length**2 * 4)
+        tensors = QUADRATIC_TENSORS.get(path, QUADRATIC_TENSORS["explicit"])
+        return int(tensors * BATCH * HEADS * length**2 * 4)
     return int(64 * BATCH * length * MODEL_DIM * 4 + 256 * 2**20)
 
 
@@ -310,7 +317,7 @@ def main():
         "--paths",
         nargs="+",
         default=["keras", "explicit", "memory_efficient"],
-        choices=["keras", "explicit", "memory_efficient"],
+        choices=["keras", *LAYER_PATHS],
     )
     parser.add_argument(
         "--blocks",
@@ -340,10 +347,7 @@ def main():
         print(json.dumps(measure_point(path, int(length), policy, args.causal)))
         return
 
-    paths = [p for p in args.paths if p != "memory_efficient"]
-    if "memory_efficient" in args.paths:
-        paths.append(path_name(None))
-    paths += [path_name(blocks) for blocks in args.blocks]
+    paths = list(args.paths) + [path_name(blocks) for blocks in args.blocks]
     print(
         f"batch {BATCH}, d_model {MODEL_DIM}, {HEADS} heads, "
         f"{'causal' if args.causal else 'no mask'}, forward+backward in "

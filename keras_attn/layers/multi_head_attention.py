@@ -11,13 +11,7 @@ from keras_attn import _validation as v
 from keras_attn.layers._policies import with_quantized_policies
 from keras_attn.ops.attention import check_flash_attention, dot_product_attention
 from keras_attn.ops.cache import update_cache
-from keras_attn.ops.masks import (
-    attention_mask_from_padding,
-    causal_mask,
-    combine_masks,
-    padding_mask,
-    sliding_window_mask,
-)
+from keras_attn.ops.masks import combine_masks, padding_mask, rows_with_keys
 
 # The einsum equations of Keras's rank-3 projections: (B, T, d) -> (B, T, N, H)
 # and (B, T, N, H) -> (B, T, d_out).
@@ -117,15 +111,25 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         sliding_window: optional positive int: each query attends only to the
             keys within `sliding_window - 1` positions on either side (Keras's
             symmetric band; with `use_causal_mask`, the causal window).
-        flash_attention: `None` (default): the fastest path that can honour
-            the call (fused `keras.ops.dot_product_attention` where the backend
-            has a fused kernel and no weights or dropout are needed; else the
-            explicit path). `True`: a fused or memory-efficient path is
-            required; a call none can run (`return_attention_scores=True`,
-            active dropout, the TensorFlow backend) raises a `ValueError`, and
-            `dropout > 0` is refused here. `False`: the explicit path, which
-            materialises the weights. `None` follows
-            `keras.config.enable_flash_attention()` /
+        flash_attention: the attention path (chosen by
+            `keras_attn.ops.attention_path`). `None` (default): the fastest
+            path that can honour the call: the fused
+            `keras.ops.dot_product_attention` where a fused kernel actually
+            runs it (cuDNN on a GPU in half precision on JAX, PyTorch's CUDA
+            kernels; not TensorFlow, nor JAX on a CPU) and no dropout is
+            active; else the memory-efficient path
+            (`keras_attn.ops.memory_efficient_attention`, no `(Tq, Tk)`
+            tensor in either pass) from a key length of
+            `keras_attn.ops.switch_over_length(compute dtype)` with more than
+            one query; else the explicit path. `True`: the fused kernel where
+            one runs, else the memory-efficient path at every length;
+            `return_attention_scores=True` then raises a `ValueError`, and
+            `dropout > 0` is refused here (as Keras refuses it). `False`: the
+            explicit path, which materialises the weights. The paths give
+            the same outputs and gradients, with every mask, the cache
+            offset, `sliding_window`, `use_gate` and `attention_axes`; only
+            `return_attention_scores=True` pins the explicit path. `None`
+            follows `keras.config.enable_flash_attention()` /
             `disable_flash_attention()` when they were called.
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
@@ -637,58 +641,56 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         layout = self._layout(rank + 1)
         if layout[0] is None:
-            mask = combine_masks(
-                attention_mask_from_padding(
-                    query_mask, combine_masks(value_mask, key_mask)
-                ),  # (B, Tq|1, Tk|1)
-                padding_mask(attention_mask),  # (B, Tq, Tk)
-            )
+            # The masks go to the attention as components, so that the
+            # memory-efficient path builds no (Tq, Tk) mask.
+            explicit_mask = padding_mask(attention_mask)  # (B, Tq, Tk)
             offset = 0 if cache_update_index is None else cache_update_index
-            query_length, key_length = ops.shape(query)[1], ops.shape(key_heads)[1]
-            # Causal masking alone, without a cache: the backend's causal
-            # kernel, no (Tq, Tk) mask (as Keras routes it).
-            is_causal = (
-                use_causal_mask
-                and mask is None
-                and self.sliding_window is None
-                and cache is None
-            )
-            if use_causal_mask and not is_causal:
-                mask = combine_masks(
-                    mask, causal_mask(query_length, key_length, offset)[None]
-                )  # (B|1, Tq, Tk)
-            if self.sliding_window is not None:
-                mask = combine_masks(
-                    mask,
-                    sliding_window_mask(
-                        query_length, key_length, self.sliding_window, offset
-                    )[None],
-                )  # (B|1, Tq, Tk)
+            components = {
+                "key_padding_mask": combine_masks(value_mask, key_mask),  # (B, Tk)
+                "query_padding_mask": padding_mask(query_mask),  # (B, Tq)
+                "is_causal": bool(use_causal_mask),
+                "causal_offset": offset,
+                "sliding_window": self.sliding_window,
+            }
+            has_keys = rows_with_keys(
+                ops.shape(query)[1],
+                ops.shape(key_heads)[1],
+                attention_mask=explicit_mask,
+                key_padding_mask=components["key_padding_mask"],
+                query_padding_mask=components["query_padding_mask"],
+                causal=components["is_causal"],
+                offset=offset,
+                sliding_window=self.sliding_window,
+            )  # (B|1, Tq) or None
         else:
-            is_causal = False
-            mask = (
+            components = {}
+            explicit_mask = (
                 None
                 if attention_mask is None
                 else self._block_mask(attention_mask, query_heads, key_heads, layout)
             )  # (B', Tq', Tk')
+            has_keys = (
+                None if explicit_mask is None else ops.any(explicit_mask, axis=-1)
+            )  # (B', Tq')
 
         attended = dot_product_attention(
             self._to_blocks(query_heads, layout),
             ops.cast(self._to_blocks(key_heads, layout), query_heads.dtype),
             ops.cast(self._to_blocks(value_heads, layout), query_heads.dtype),
-            mask=None if mask is None else ops.expand_dims(mask, 1),  # (B, 1, Tq, Tk)
+            mask=(
+                None if explicit_mask is None else ops.expand_dims(explicit_mask, 1)
+            ),  # (B, 1, Tq, Tk)
             scale=1.0 / math.sqrt(self.key_dim),
             return_weights=return_attention_scores,
             dropout_rate=self.dropout,
             training=training,
             seed_generator=self.seed_generator,
-            is_causal=is_causal,
             flash_attention=self.flash_attention,
+            **components,
         )  # (B', Tq', N, Hv) [, (B', N, Tq', Tk')]
         weights = None
         if return_attention_scores:
             attended, weights = attended
-        has_keys = None if mask is None else ops.any(mask, axis=-1)  # (B|1, Tq|1)
         attended, weights, has_keys = self._from_blocks(
             attended, weights, has_keys, query_heads, key_heads, layout
         )  # (B, <axes>, N, Hv)

@@ -45,8 +45,9 @@ class TransformerEncoderBlock(TransformerBlockBase):
         normalize_first: pre-norm (`True`) or post-norm (`False`, the paper).
         key_dim: size of each head; defaults to `d_model // num_heads`.
         attention_dropout: dropout rate on the attention weights; defaults to
-            `dropout` (as keras-hub). `0` keeps the fused attention path in
-            training.
+            `dropout` (as keras-hub). `0` keeps a fused attention kernel in
+            training (dropout in training takes the memory-efficient path on
+            long sequences, else the explicit path).
         flash_attention: the attention path, as in `MultiHeadAttention`.
         seed: seed of the dropouts.
         **kwargs: base layer arguments (`name`, `dtype`, ...).

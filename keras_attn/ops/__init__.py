@@ -3,6 +3,8 @@
 from keras_attn.ops.attention import (
     attention_path,
     dot_product_attention,
+    fused_kernel_runs,
+    switch_over_length,
     weighted_sum,
 )
 from keras_attn.ops.cache import update_cache
@@ -19,6 +21,7 @@ from keras_attn.ops.masks import (
     combine_masks,
     padding_mask,
     padding_mask_from_lengths,
+    rows_with_keys,
     sliding_window_mask,
 )
 from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
@@ -54,6 +57,7 @@ __all__ = [
     "continuous_cache_stream_probabilities",
     "dot_product_attention",
     "dot_score",
+    "fused_kernel_runs",
     "general_score",
     "knn_mixture_log_probs",
     "knn_probabilities",
@@ -63,8 +67,10 @@ __all__ = [
     "nearest_neighbors",
     "padding_mask",
     "padding_mask_from_lengths",
+    "rows_with_keys",
     "scaled_dot_score",
     "sliding_window_mask",
+    "switch_over_length",
     "update_cache",
     "weighted_sum",
 ]

@@ -1,4 +1,5 @@
-"""Attention given scores or projected heads: the explicit and the fused path.
+"""Attention given scores or projected heads: the fused, memory-efficient and
+explicit paths, and the choice between them.
 
 Shapes follow `keras.ops.dot_product_attention`: heads are `(B, T, N, H)`
 (batch, time, heads, head size) and masks broadcast to `(B, N, Tq, Tk)`.
@@ -6,12 +7,20 @@ Shapes follow `keras.ops.dot_product_attention`: heads are `(B, T, N, H)`
 
 from __future__ import annotations
 
+import functools
 import math
+import numbers
 
 import keras
 from keras import ops
 
-from keras_attn.ops.masks import causal_mask
+from keras_attn.ops.masks import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    sliding_window_mask,
+)
+from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -27,7 +36,26 @@ def weighted_sum(weights, value):
 
 # The paths `dot_product_attention` can take (see `attention_path`).
 FUSED = "fused"
+MEMORY_EFFICIENT = "memory_efficient"
 EXPLICIT = "explicit"
+# Decided when the graph runs: the memory-efficient path when the lengths,
+# unknown when traced, reach the switch-over; else the explicit path.
+BY_LENGTH = "by_length"
+
+# The key length from which `flash_attention=None` takes the memory-efficient
+# path when no fused kernel runs the call, by compute dtype: below it the
+# explicit path's two batched matmuls are as fast and the `(Tq, Tk)` weights
+# are small (docs/LONG_SEQUENCES.md; benchmarks/long_attention_bench.py).
+SWITCH_OVER_KEY_LENGTH = {"float32": 1024, "float16": 2048, "bfloat16": 2048}
+
+
+def switch_over_length(dtype="float32") -> int:
+    """The key length from which the memory-efficient path is the default.
+
+    `SWITCH_OVER_KEY_LENGTH[dtype]`; the float32 value for other dtypes.
+    """
+    dtype = keras.backend.standardize_dtype(dtype)
+    return SWITCH_OVER_KEY_LENGTH.get(dtype, SWITCH_OVER_KEY_LENGTH["float32"])
 
 
 def attention_path(
@@ -36,28 +64,47 @@ def attention_path(
     return_weights: bool = False,
     dropout_active: bool = False,
     same_head_dims: bool = True,
+    fused_kernel: bool = False,
     query_length: int | None = None,
     key_length: int | None = None,
+    dtype="float32",
     backend: str | None = None,
 ) -> str:
-    """The attention path a call takes: `"fused"` or `"explicit"`.
+    """The attention path a call takes.
 
     The one place where keras-attn chooses how attention is computed, from
-    what the call needs. `flash_attention` is the layers' argument:
+    what the call needs. The paths:
 
-    - `None`: the fastest path that can honour the call. Follows
-      `keras.config.enable_flash_attention()` / `disable_flash_attention()`
-      when one of them was called (then as `True` / `False`).
-    - `True`: a fused (or memory-efficient) path is required; a call that none
-      can run (attention weights requested, dropout active on the weights, a
-      backend without a fused kernel) raises a `ValueError`.
-    - `False`: the explicit path, which materialises the weights.
+    - `"fused"`: `keras.ops.dot_product_attention`, where a fused attention
+      kernel actually runs the call (`fused_kernel`, from
+      `fused_kernel_runs`: cuDNN's flash attention on a recent NVIDIA GPU in
+      float16 / bfloat16 on JAX, PyTorch's flash or memory-efficient CUDA
+      kernels, a TPU kernel). Where none runs (TensorFlow; JAX on a CPU, or
+      on a GPU in float32), `keras.ops.dot_product_attention` is plain
+      matmuls and a softmax over the `(Tq, Tk)` logits, so it is not taken.
+    - `"memory_efficient"`: `keras_attn.ops.memory_efficient_attention`,
+      blocks of queries and keys, memory linear in the lengths in both
+      passes; dropout included.
+    - `"explicit"`: two batched matmuls around a float32 softmax that
+      materialise the `(B, N, Tq, Tk)` weights; the only path that can return
+      them.
+    - `"by_length"`: the lengths are unknown until the graph runs (a
+      `tf.function` traced with `None` lengths): `"memory_efficient"` when
+      they reach the switch-over below, else `"explicit"`, decided then.
 
-    The fused path is `keras.ops.dot_product_attention` (XLA / cuDNN / flash
-    kernels on JAX and PyTorch). The TensorFlow backend has no fused kernel:
-    its `dot_product_attention` runs einsums over the `(B, T, N, H)` layout
-    (with float16 logits in float16), slower than the explicit path's two
-    batched matmuls, so TensorFlow takes the explicit path.
+    `flash_attention` is the layers' argument:
+
+    - `None`: the fastest path that can honour the call: the fused kernel
+      when one runs the call and no dropout is active; else the
+      memory-efficient path when the key length reaches
+      `switch_over_length(dtype)` and there is more than one query; else the
+      explicit path. Follows `keras.config.enable_flash_attention()` /
+      `disable_flash_attention()` when one of them was called (then as
+      `True` / `False`).
+    - `True`: the fused kernel when one runs the call, else the
+      memory-efficient path, at any length. A call that needs the attention
+      weights raises a `ValueError`.
+    - `False`: the explicit path.
 
     Args:
         flash_attention: `None`, `True` or `False`, as above.
@@ -65,48 +112,156 @@ def attention_path(
         dropout_active: dropout on the weights is active (training, rate > 0).
         same_head_dims: key and value heads have the same size (JAX's fused
             kernel needs it).
-        query_length, key_length: static lengths when known (`None`
-            otherwise), for the choice of a blockwise path on long sequences.
+        fused_kernel: whether a fused kernel runs this call on this device
+            (`fused_kernel_runs`); ignored on TensorFlow, which has none.
+        query_length, key_length: static lengths, `None` when unknown.
+        dtype: the compute dtype, for the switch-over length.
         backend: defaults to `keras.backend.backend()`.
 
     Returns:
-        `"fused"` or `"explicit"`.
+        `"fused"`, `"memory_efficient"`, `"explicit"` or `"by_length"`.
     """
     if flash_attention is None:
         flash_attention = keras.config.is_flash_attention_enabled()
     if flash_attention is not None and not flash_attention:
         return EXPLICIT
     backend = backend or keras.backend.backend()
-    blockers = []
     if return_weights:
-        blockers.append("the attention weights are requested")
-    if dropout_active:
-        blockers.append("dropout on the attention weights is active")
-    if not same_head_dims:
-        blockers.append("the value heads differ in size from the key heads")
-    if backend == "tensorflow":
-        blockers.append("the TensorFlow backend has no fused attention kernel")
-    if not blockers:
+        if flash_attention:
+            raise ValueError(
+                "`flash_attention=True` needs a fused or memory-efficient "
+                "attention path, and the attention weights are requested, "
+                "which only the explicit path returns. Pass "
+                "`flash_attention=None` (the fastest path that can honour the "
+                "call) or `False` (the explicit path). Received: "
+                "flash_attention=True, return_attention_scores=True"
+            )
+        return EXPLICIT
+    fused = (
+        fused_kernel
+        and backend != "tensorflow"
+        and not dropout_active
+        and same_head_dims
+    )
+    if fused:
         return FUSED
     if flash_attention:
-        raise ValueError(
-            "`flash_attention=True` needs a fused or memory-efficient attention "
-            f"path, and none can run this call: {'; '.join(blockers)}. Pass "
-            "`flash_attention=None` (the fastest path that can) or `False` (the "
-            "explicit path). Received: flash_attention=True, "
-            f"return_attention_scores={return_weights}, "
-            f"dropout_active={dropout_active}, backend={backend!r}"
+        return MEMORY_EFFICIENT
+    if (query_length is not None and query_length <= 1) or (
+        key_length is not None and key_length < switch_over_length(dtype)
+    ):
+        return EXPLICIT
+    if query_length is None or key_length is None:
+        return BY_LENGTH
+    return MEMORY_EFFICIENT
+
+
+# Custom-call targets of fused attention kernels in a compiled XLA program:
+# cuDNN's fused attention ("__cudnn$fmhaSoftmax", ...) and Pallas kernels on
+# TPUs (Keras uses the splash attention kernel there).
+_FUSED_KERNEL_TARGETS = ("cudnn$fmha", "tpu_custom_call")
+
+
+def fused_kernel_runs(query, key, value, mask_shape=None, is_causal=False) -> bool:
+    """Whether `keras.ops.dot_product_attention` runs a fused kernel here.
+
+    Read from what runs rather than from the API's promise:
+
+    - JAX: the program that `jax.jit` compiles for these shapes and dtypes
+      (with a boolean mask of `mask_shape`, or `is_causal`) is searched for a
+      fused attention custom call (`_FUSED_KERNEL_TARGETS`). On a CPU, and
+      on a GPU in float32, XLA builds the attention from matmuls and a
+      softmax over the `(Tq, Tk)` logits: no fused kernel. A program that
+      does not compile here (float16 on a CPU, whose `dot_general` cannot
+      accumulate float16 into float32) has none either. The answer is
+      cached per platform, shapes, dtypes and mask.
+    - PyTorch: CUDA tensors that PyTorch's flash or memory-efficient kernel
+      accepts (`torch.backends.cuda.can_use_flash_attention` /
+      `can_use_efficient_attention`, the checks its dispatcher makes).
+    - TensorFlow and the other backends: no fused kernel.
+
+    Args:
+        query, key, value: `(B, T, N, H)` tensors.
+        mask_shape: the shape of the boolean mask the call passes, or `None`.
+        is_causal: whether the call uses the backend's causal masking.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        specs = [(tuple(x.shape), _dtype(x)) for x in (query, key, value)]
+        if mask_shape is not None:
+            specs.append((tuple(mask_shape), "bool"))
+        if any(dim is None for shape, _ in specs for dim in shape):
+            return False
+        import jax
+
+        return _jax_program_has_fused_kernel(
+            jax.default_backend(), tuple(specs), bool(is_causal)
         )
-    return EXPLICIT
+    if backend == "torch":
+        return _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal)
+    return False
+
+
+def _dtype(x):
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _jax_program_has_fused_kernel(platform, specs, is_causal) -> bool:
+    import jax
+
+    def attend(query, key, value, mask=None):
+        return ops.dot_product_attention(
+            query, key, value, mask=mask, is_causal=is_causal
+        )
+
+    arguments = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs]
+    try:
+        program = jax.jit(attend).lower(*arguments).compile().as_text()
+    except Exception:  # any failure to compile here: no kernel runs it
+        return False
+    return any(target in program for target in _FUSED_KERNEL_TARGETS)
+
+
+def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
+    """PyTorch's own kernel checks on the inputs Keras gives
+    `scaled_dot_product_attention` (heads before time, an additive mask)."""
+    try:
+        import torch
+        from torch.backends.cuda import (
+            SDPAParams,
+            can_use_efficient_attention,
+            can_use_flash_attention,
+        )
+    except ImportError:
+        return False
+    if not query.is_cuda:
+        return False
+    query, key, value = (torch.transpose(x, 1, 2) for x in (query, key, value))
+    mask = None
+    if mask_shape is not None:
+        # A stand-in of the mask's shape and dtype, allocated once.
+        mask = torch.zeros((), dtype=query.dtype, device=query.device).expand(
+            tuple(mask_shape)
+        )
+    try:
+        params = SDPAParams(query, key, value, mask, 0.0, bool(is_causal), False)
+    except TypeError:  # PyTorch before enable_gqa
+        params = SDPAParams(query, key, value, mask, 0.0, bool(is_causal))
+    return bool(
+        can_use_flash_attention(params, False)
+        or can_use_efficient_attention(params, False)
+    )
 
 
 def check_flash_attention(flash_attention, dropout: float = 0.0):
     """Validate a layer's `flash_attention` argument (`None` or a bool).
 
     `True` with `dropout > 0` is refused at construction, as
-    `keras.layers.MultiHeadAttention` does: no fused path applies dropout to
-    the attention weights. `None` counts as `True` after
-    `keras.config.enable_flash_attention()`.
+    `keras.layers.MultiHeadAttention` refuses it (no fused kernel applies
+    dropout to the attention weights; the memory-efficient path could, and
+    `flash_attention=None` takes it with dropout on long sequences). `None`
+    counts as `True` after `keras.config.enable_flash_attention()`.
     """
     if flash_attention is not None and not isinstance(flash_attention, bool):
         raise ValueError(
@@ -133,6 +288,11 @@ def _rows_with_keys(mask):
     return ops.any(mask, axis=-1, keepdims=True)
 
 
+def _is_zero(offset) -> bool:
+    """Whether `offset` is the static integer 0."""
+    return isinstance(offset, numbers.Integral) and int(offset) == 0
+
+
 def dot_product_attention(
     query,
     key,
@@ -145,18 +305,30 @@ def dot_product_attention(
     seed_generator=None,
     is_causal: bool = False,
     flash_attention: bool | None = None,
+    *,
+    key_padding_mask=None,
+    query_padding_mask=None,
+    causal_offset=0,
+    sliding_window: int | None = None,
 ):
-    """Scaled dot-product attention over heads, fused when possible.
+    """Scaled dot-product attention over heads, on the path that suits the call.
 
     `softmax(q kᵀ · scale) v` (Vaswani et al. 2017), with the softmax in
     float32 and a finite mask value. A query row whose keys are all masked gets
-    all-zero weights and a zero output on both paths.
+    all-zero weights and a zero output on every path.
 
     `attention_path` chooses the path: the fused
-    `keras.ops.dot_product_attention` when no weights are asked for and no
-    dropout is active (on the backends that have a fused kernel); otherwise
-    the explicit path, which materialises the weights. The two paths agree
-    (tested).
+    `keras.ops.dot_product_attention` where a fused kernel runs the call
+    (`fused_kernel_runs`); the memory-efficient
+    `keras_attn.ops.memory_efficient_attention` for long sequences (or when
+    `flash_attention=True` and no fused kernel runs); otherwise the explicit
+    path, which materialises the weights. The paths agree (tested).
+
+    The masks may be given as components, combined with a logical AND:
+    `mask`, `key_padding_mask`, `query_padding_mask`, `is_causal` (with
+    `causal_offset`) and `sliding_window`. The memory-efficient path reads
+    them block by block, so no `(Tq, Tk)` tensor is built on it beyond an
+    explicit `mask` itself; the other paths combine them into one mask.
 
     Args:
         query: `(B, Tq, N, H)`.
@@ -169,10 +341,20 @@ def dot_product_attention(
         dropout_rate: dropout on the weights when `training`.
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for the dropout.
-        is_causal: also mask future keys (`j > i`, aligned at the first
-            position); with no other `mask` the fused path uses the
-            backend's causal kernel and builds no `(Tq, Tk)` mask.
+        is_causal: also mask future keys: query `i` sees key `j` when
+            `j <= i + causal_offset`. With no other mask and a zero offset
+            the fused path uses the backend's causal kernel.
         flash_attention: `None`, `True` or `False`, see `attention_path`.
+        key_padding_mask: optional boolean `(B, Tk)`, `True` for keys that
+            exist.
+        query_padding_mask: optional boolean `(B, Tq)`, `True` for queries
+            that exist (the others get zero outputs).
+        causal_offset: the position of the first query among the keys (int
+            or scalar tensor), as `cache_update_index` in cached decoding;
+            for `is_causal` and `sliding_window`.
+        sliding_window: optional positive int: query `i` sees key `j` only
+            when `|i + causal_offset - j| < sliding_window`
+            (`sliding_window_mask`).
 
     Returns:
         `outputs` `(B, Tq, N, Hv)`, or `(outputs, weights)` with
@@ -183,38 +365,151 @@ def dot_product_attention(
     value = ops.convert_to_tensor(value)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if mask is not None:
-        mask = ops.convert_to_tensor(mask)
-        if mask.dtype != "bool":
-            mask = ops.not_equal(mask, 0)
+    mask = padding_mask(mask)
+    while mask is not None and len(mask.shape) < 4:
+        mask = mask[None]  # broadcast as NumPy does: (B|1, N|1, Tq, Tk)
+    key_padding_mask = padding_mask(key_padding_mask)
+    query_padding_mask = padding_mask(query_padding_mask)
     dropout_active = bool(training) and dropout_rate > 0.0
-    if is_causal and mask is not None:
-        # One mask: the rows without keys are found from it.
-        mask = ops.logical_and(
-            mask, causal_mask(ops.shape(query)[1], ops.shape(key)[1])
-        )  # (B|1, N|1, Tq, Tk)
-        is_causal = False
+    components = {
+        "key_padding_mask": key_padding_mask,
+        "query_padding_mask": query_padding_mask,
+        "causal": bool(is_causal),
+        "causal_offset": causal_offset,
+        "sliding_window": sliding_window,
+    }
+    # Causal masking alone: the fused kernel's own, no (Tq, Tk) mask.
+    causal_kernel = (
+        is_causal
+        and _is_zero(causal_offset)
+        and mask is None
+        and key_padding_mask is None
+        and query_padding_mask is None
+        and sliding_window is None
+    )
+    masked = mask is not None or (
+        any(
+            components[name] is not None
+            for name in ("key_padding_mask", "query_padding_mask", "sliding_window")
+        )
+        or (is_causal and not causal_kernel)
+    )
+    query_length, key_length = query.shape[1], key.shape[1]
+    same_head_dims = value.shape[-1] == key.shape[-1]
+    explicit_only = flash_attention is False or (
+        flash_attention is None and keras.config.is_flash_attention_enabled() is False
+    )
+    fused_kernel = (
+        # jax.nn.dot_product_attention needs value heads as wide as key heads.
+        same_head_dims
+        and not explicit_only
+        and not return_weights
+        and not dropout_active
+        and fused_kernel_runs(
+            query,
+            key,
+            value,
+            mask_shape=(
+                (
+                    query.shape[0],
+                    1 if mask is None else mask.shape[1],  # heads
+                    query_length,
+                    key_length,
+                )
+                if masked
+                else None
+            ),
+            is_causal=causal_kernel,
+        )
+    )
     path = attention_path(
         flash_attention,
         return_weights=return_weights,
         dropout_active=dropout_active,
-        # jax.nn.dot_product_attention needs value heads as wide as key heads.
-        same_head_dims=value.shape[-1] == key.shape[-1],
-        query_length=query.shape[1],
-        key_length=key.shape[1],
+        same_head_dims=same_head_dims,
+        fused_kernel=fused_kernel,
+        query_length=query_length,
+        key_length=key_length,
+        dtype=query.dtype,
     )
+
+    def memory_efficient():
+        return memory_efficient_attention(
+            query,
+            key,
+            value,
+            attention_mask=mask,
+            scale=scale,
+            dropout_rate=dropout_rate,
+            training=training,
+            seed_generator=seed_generator,
+            **components,
+        )
+
+    def explicit():
+        return _explicit_attention(
+            query,
+            key,
+            value,
+            _combined(query, key, mask, components),
+            scale,
+            dropout_rate if dropout_active else 0.0,
+            seed_generator,
+        )
+
+    if path == MEMORY_EFFICIENT:
+        return memory_efficient()
+    if path == BY_LENGTH:
+        shape_q, shape_k = ops.shape(query), ops.shape(key)
+        long = ops.logical_and(
+            ops.greater_equal(shape_k[1], switch_over_length(query.dtype)),
+            ops.greater(shape_q[1], 1),
+        )
+        return ops.cond(long, memory_efficient, lambda: explicit()[0])
     if path == FUSED:
+        combined = None if causal_kernel else _combined(query, key, mask, components)
         outputs = ops.dot_product_attention(
-            query, key, value, mask=mask, scale=scale, is_causal=is_causal
+            query, key, value, mask=combined, scale=scale, is_causal=causal_kernel
         )  # (B, Tq, N, Hv)
-        if mask is not None:
-            has_keys = ops.transpose(_rows_with_keys(mask), (0, 2, 1, 3))
+        if combined is not None:
+            has_keys = ops.transpose(_rows_with_keys(combined), (0, 2, 1, 3))
             # (B|1, Tq|1, N|1, 1): zero the rows that had nothing to attend to.
             outputs = ops.where(has_keys, outputs, ops.zeros_like(outputs))
         return outputs
+    outputs, weights = explicit()
+    if return_weights:
+        return outputs, weights
+    return outputs
 
-    if is_causal:
-        mask = causal_mask(ops.shape(query)[1], ops.shape(key)[1])[None, None]
+
+def _combined(query, key, mask, components):
+    """The call's masks combined into one `(B|1, N|1, Tq, Tk)` mask, or `None`:
+    the AND of `mask`, the key and query padding, the causal mask and the
+    sliding window (with the offset)."""
+    query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
+    offset = components["causal_offset"]
+    band = None
+    if components["causal"]:
+        band = causal_mask(query_length, key_length, offset)  # (Tq, Tk)
+    if components["sliding_window"] is not None:
+        band = combine_masks(
+            band,
+            sliding_window_mask(
+                query_length, key_length, components["sliding_window"], offset
+            ),
+        )  # (Tq, Tk)
+    key_padding = components["key_padding_mask"]
+    query_padding = components["query_padding_mask"]
+    return combine_masks(
+        mask,
+        None if key_padding is None else key_padding[:, None, None, :],
+        None if query_padding is None else query_padding[:, None, :, None],
+        None if band is None else band[None, None],
+    )
+
+
+def _explicit_attention(query, key, value, mask, scale, dropout_rate, seed_generator):
+    """The explicit path: `(outputs (B, Tq, N, Hv), weights (B, N, Tq, Tk))`."""
     logits_dtype = "float32" if query.dtype == "float16" else query.dtype
     # Batched matmuls over (B, N, T, H): the heads move next to the batch
     # once, and the backward pass transposes no (Tq, Tk) tensor.
@@ -225,11 +520,9 @@ def dot_product_attention(
     weights = masked_softmax(logits, mask)  # float32 (B, N, Tq, Tk)
     weights = ops.cast(weights, value.dtype)
     attended = weights
-    if dropout_active:
+    if dropout_rate > 0.0:
         attended = keras.random.dropout(weights, rate=dropout_rate, seed=seed_generator)
     value = ops.transpose(value, (0, 2, 1, 3))  # (B, N, Tk, Hv)
     outputs = ops.matmul(attended, value)  # (B, N, Tq, Hv)
     outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, Tq, N, Hv)
-    if return_weights:
-        return outputs, weights
-    return outputs
+    return outputs, weights

@@ -131,3 +131,77 @@ def attention_mask_from_padding(query_mask=None, key_mask=None):
         None if query_mask is None else query_mask[:, :, None],  # (B, Tq, 1)
         None if key_mask is None else key_mask[:, None, :],  # (B, 1, Tk)
     )
+
+
+def rows_with_keys(
+    query_length,
+    key_length,
+    *,
+    attention_mask=None,
+    key_padding_mask=None,
+    query_padding_mask=None,
+    causal: bool = False,
+    offset=0,
+    sliding_window: int | None = None,
+):
+    """Which query rows have at least one key to attend to, from mask components.
+
+    The rows of the combined mask (the AND of the components) that hold a
+    `True`, computed without a `(Tq, Tk)` mask when there is no
+    `attention_mask`: the keys that the causal mask and the sliding window
+    leave to query `i` are one range, `[i + offset - window + 1, i + offset]`
+    (causal) or `[.., i + offset + window - 1]`, and the valid keys in it
+    are counted from a running sum of the key padding.
+
+    Args:
+        query_length, key_length: `Tq` and `Tk` (ints or scalar tensors).
+        attention_mask: optional boolean `(B|1, Tq, Tk)`.
+        key_padding_mask: optional boolean `(B, Tk)`.
+        query_padding_mask: optional boolean `(B, Tq)`.
+        causal: query `i` sees key `j` only when `j <= i + offset`.
+        offset: the position of the first query among the keys.
+        sliding_window: optional positive int, as in `sliding_window_mask`.
+
+    Returns:
+        Boolean `(B|1, Tq)`, or `None` when no component is given (every row
+        has all the keys).
+    """
+    key_padding_mask = padding_mask(key_padding_mask)
+    query_padding_mask = padding_mask(query_padding_mask)
+    if attention_mask is not None:
+        band = None
+        if causal:
+            band = causal_mask(query_length, key_length, offset)
+        if sliding_window is not None:
+            band = combine_masks(
+                band,
+                sliding_window_mask(query_length, key_length, sliding_window, offset),
+            )
+        combined = combine_masks(
+            attention_mask,  # (B|1, Tq, Tk)
+            None if key_padding_mask is None else key_padding_mask[:, None, :],
+            None if band is None else band[None],
+        )
+        return combine_masks(ops.any(combined, axis=-1), query_padding_mask)
+    if not causal and sliding_window is None and key_padding_mask is None:
+        return query_padding_mask
+    positions = ops.arange(query_length, dtype="int32") + ops.cast(
+        offset, "int32"
+    )  # (Tq,): each query's position among the keys
+    last_key = ops.cast(key_length, "int32") - 1
+    first = ops.zeros_like(positions)  # (Tq,): the first and last key visible
+    last = ops.full_like(positions, last_key)
+    if causal:
+        last = ops.minimum(last, positions)
+    if sliding_window is not None:
+        first = ops.maximum(first, positions - sliding_window + 1)
+        if not causal:
+            last = ops.minimum(last, positions + sliding_window - 1)
+    rows = ops.greater_equal(last, first)[None]  # (1, Tq)
+    if key_padding_mask is not None:
+        valid = ops.cumsum(ops.cast(key_padding_mask, "int32"), axis=1)  # (B, Tk)
+        valid = ops.pad(valid, [[0, 0], [1, 0]])  # (B, Tk + 1): keys before j
+        upper = ops.take(valid, ops.clip(last + 1, 0, last_key + 1), axis=1)
+        lower = ops.take(valid, ops.clip(first, 0, last_key + 1), axis=1)
+        rows = ops.logical_and(rows, ops.greater(upper - lower, 0))  # (B, Tq)
+    return combine_masks(rows, query_padding_mask)

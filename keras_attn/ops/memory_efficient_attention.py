@@ -8,11 +8,11 @@ each block's weights from the saved per-row log-normaliser instead of keeping
 them, so memory grows linearly with the sequence lengths in both passes.
 
 The masks arrive as their components (key padding, query padding, causal with
-an offset, and an optional explicit mask that is read block by block), so no
-`(B, N, Tq, Tk)` mask is materialised either. Written with `keras.ops` only
-(`ops.map` over one axis of blocks, `ops.fori_loop` over the other,
-`ops.custom_gradient`), it is tested on TensorFlow and JAX (the PyTorch
-backend runs the same code, untested); on TensorFlow the graph holds no
+an offset, a sliding window, and an optional explicit mask that is read block
+by block), so no `(B, N, Tq, Tk)` mask is materialised either. Written with
+`keras.ops` only (`ops.map` over one axis of blocks, `ops.fori_loop` over the
+other, `ops.custom_gradient`), it is tested on TensorFlow and JAX (the
+PyTorch backend runs the same code, untested); on TensorFlow the graph holds no
 `Xla*` op, so a SavedModel that uses it loads with TensorFlow alone.
 """
 
@@ -50,6 +50,7 @@ def memory_efficient_attention(
     attention_mask=None,
     causal: bool = False,
     causal_offset=0,
+    sliding_window: int | None = None,
     scale=None,
     query_block_size: int | None = None,
     key_block_size: int | str | None = "auto",
@@ -78,9 +79,10 @@ def memory_efficient_attention(
       hides entirely are skipped, and the backward pass takes two sweeps
       (one for the queries' gradient, one for the keys' and values').
 
-    With the default `key_block_size="auto"` the causal mask gets key blocks
-    of `CAUSAL_KEY_BLOCK_SIZE` (skipping about half of the work) and other
-    masks all the keys at once; the default `query_block_size=None` takes the
+    With the default `key_block_size="auto"` the causal mask and the sliding
+    window get key blocks of `CAUSAL_KEY_BLOCK_SIZE` (skipping the blocks
+    they hide: about half of the work for the causal mask) and other masks
+    all the keys at once; the default `query_block_size=None` takes the
     most queries (16 to 256) that keep one block within `BLOCK_BYTES`.
 
     The logits, the softmax and the accumulation are float32 whatever the
@@ -98,7 +100,11 @@ def memory_efficient_attention(
       components above where they suffice);
     - `causal=True`: query `i` sees key `j` when `j <= i + causal_offset`
       (`causal_offset` is the position of the first query among the keys, as
-      in cached decoding; an int or a scalar tensor).
+      in cached decoding; an int or a scalar tensor);
+    - `sliding_window=w`: query `i` sees key `j` when
+      `|i + causal_offset - j| < w`, the band of
+      `keras_attn.ops.sliding_window_mask` (with `causal`, the causal
+      window: `0 <= i + causal_offset - j < w`).
 
     Dropout on the weights is applied when `training` and `dropout_rate > 0`:
     each weight is kept with probability `1 - dropout_rate` and scaled by
@@ -116,7 +122,9 @@ def memory_efficient_attention(
         query_padding_mask: optional boolean (or 0/1) `(B, Tq)`.
         attention_mask: optional boolean (or 0/1) mask, shapes above.
         causal: whether to apply the causal mask.
-        causal_offset: int or scalar int tensor; only used with `causal`.
+        causal_offset: int or scalar int tensor; only used with `causal` or
+            `sliding_window`.
+        sliding_window: positive int or `None`, see above.
         scale: multiplier of the logits; `1/sqrt(H)` by default.
         query_block_size: queries per block (positive int), or `None` for
             the default above.
@@ -150,13 +158,18 @@ def memory_efficient_attention(
     )
     if not isinstance(causal, bool):
         raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
+    sliding_window = v.check_positive_int(
+        "sliding_window", sliding_window, allow_none=True
+    )
     if isinstance(key_block_size, str):
         if key_block_size != "auto":
             raise ValueError(
                 '`key_block_size` must be a positive int, None or "auto". '
                 f"Received: key_block_size={key_block_size!r}"
             )
-        key_block_size = CAUSAL_KEY_BLOCK_SIZE if causal else None
+        key_block_size = (
+            CAUSAL_KEY_BLOCK_SIZE if causal or sliding_window is not None else None
+        )
     key_block_size = v.check_positive_int(
         "key_block_size", key_block_size, allow_none=True
     )
@@ -206,7 +219,12 @@ def memory_efficient_attention(
         ),
         attention_mask=_explicit_mask(attention_mask, query, key),
         causal=causal,
-        causal_offset=ops.cast(causal_offset, "int32") if causal else None,
+        causal_offset=(
+            ops.cast(causal_offset, "int32")
+            if causal or sliding_window is not None
+            else None
+        ),
+        sliding_window=sliding_window,
     )
     dropout = None
     if training and dropout_rate > 0.0:
@@ -470,9 +488,11 @@ class _Masks:
         attention_mask,
         causal,
         causal_offset,
+        sliding_window,
     ):
         self.plan = plan
         self.causal, self.causal_offset = causal, causal_offset
+        self.window = sliding_window
         key_valid = key_padding_mask
         if key_valid is None and plan.keys_padded:
             key_valid = ops.ones((1, plan.key_length), "bool")  # (1, Tk)
@@ -511,6 +531,7 @@ class _Masks:
     def any(self):
         return (
             self.causal
+            or self.window is not None
             or self.key_blocks is not None
             or self.query_blocks is not None
             or self.explicit is not None
@@ -529,7 +550,7 @@ class _Masks:
         if query_flags is not None:
             rows = query_flags[:, None, :, None]  # (B, 1, bq, 1)
             mask = rows if mask is None else ops.logical_and(mask, rows)
-        if self.causal:
+        if self.causal or self.window is not None:
             query_positions = (
                 i * plan.query_block
                 + ops.arange(plan.query_block, dtype="int32")
@@ -538,9 +559,16 @@ class _Masks:
             key_positions = j * plan.key_block + ops.arange(
                 plan.key_block, dtype="int32"
             )  # (bk,)
-            visible = ops.greater_equal(
-                query_positions[:, None], key_positions[None, :]
-            )[None, None]  # (1, 1, bq, bk)
+            distance = query_positions[:, None] - key_positions[None, :]  # (bq, bk)
+            visible = None
+            if self.causal:
+                visible = ops.greater_equal(distance, 0)
+            if self.window is not None:
+                band = ops.less(distance, self.window)
+                if not self.causal:
+                    band = ops.logical_and(band, ops.greater(distance, -self.window))
+                visible = band if visible is None else ops.logical_and(visible, band)
+            visible = visible[None, None]  # (1, 1, bq, bk)
             mask = visible if mask is None else ops.logical_and(mask, visible)
         if self.explicit is not None:
             explicit = ops.slice(
@@ -557,23 +585,50 @@ class _Masks:
         return mask
 
     def key_block_range(self, i):
-        """Key blocks `[0, end)` that query block `i` can see."""
+        """Key blocks `[start, end)` that query block `i` can see."""
         plan = self.plan
-        if not self.causal:
+        if not self.causal and self.window is None:
             return 0, plan.num_key_blocks
-        last_query = i * plan.query_block + plan.query_block - 1 + self.causal_offset
-        end = ops.floor_divide(last_query, plan.key_block) + 1
-        return 0, ops.clip(end, 0, plan.num_key_blocks)
+        # Positions among the keys of the block's first and last query.
+        first = i * plan.query_block + self.causal_offset
+        last = first + plan.query_block - 1
+        start, end = 0, plan.num_key_blocks
+        if self.causal:  # keys j <= last
+            end = ops.floor_divide(last, plan.key_block) + 1
+        if self.window is not None:  # keys j > first - window
+            start = ops.floor_divide(first - self.window + 1, plan.key_block)
+            if not self.causal:  # keys j < last + window
+                end = ops.floor_divide(last + self.window - 1, plan.key_block) + 1
+        return _range(start, end, plan.num_key_blocks)
 
     def query_block_range(self, j):
-        """Query blocks `[start, nq)` that can see key block `j`."""
+        """Query blocks `[start, end)` that can see key block `j`."""
         plan = self.plan
-        if not self.causal:
+        if not self.causal and self.window is None:
             return 0, plan.num_query_blocks
-        start = ops.floor_divide(
-            j * plan.key_block - self.causal_offset, plan.query_block
-        )
-        return ops.clip(start, 0, plan.num_query_blocks), plan.num_query_blocks
+        # Query indices q whose position q + offset sees a key of block j.
+        first_key = j * plan.key_block
+        last_key = first_key + plan.key_block - 1
+        start, end = 0, plan.num_query_blocks
+        if self.causal:  # q + offset >= first_key
+            start = ops.floor_divide(first_key - self.causal_offset, plan.query_block)
+        if self.window is not None:  # q + offset < last_key + window
+            last_query = last_key + self.window - 1 - self.causal_offset
+            end = ops.floor_divide(last_query, plan.query_block) + 1
+            if not self.causal:  # q + offset > first_key - window
+                start = ops.floor_divide(
+                    first_key - self.window + 1 - self.causal_offset, plan.query_block
+                )
+        return _range(start, end, plan.num_query_blocks)
+
+
+def _range(start, end, num_blocks):
+    """`[start, end)` clipped to `[0, num_blocks]`, empty rather than reversed."""
+    if not isinstance(start, int):  # else 0: the bounds left as they are
+        start = ops.clip(start, 0, num_blocks)
+    if not isinstance(end, int):
+        end = ops.maximum(ops.clip(end, 0, num_blocks), start)
+    return start, end
 
 
 # -- dropout --------------------------------------------------------------------

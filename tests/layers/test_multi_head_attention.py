@@ -258,25 +258,19 @@ class MultiHeadAttentionTest(TestCase):
         np.testing.assert_allclose(outputs[None], to_numpy(explicit), atol=1e-5)
         np.testing.assert_array_equal(outputs[None][1, 2], 0.0)
 
-    @pytest.mark.jax_only
-    def test_flash_attention_true_takes_the_fused_path_on_jax(self):
+    def test_flash_attention_true_takes_a_path_without_the_weights(self):
+        # The fused kernel where one runs, else the memory-efficient path (on
+        # TensorFlow and on a CPU): tests/layers/test_attention_paths.py.
         layer = MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=True)
         got = to_numpy(layer(QUERY, VALUE, attention_mask=ATTENTION_MASK))
         layer.flash_attention = False
         want = to_numpy(layer(QUERY, VALUE, attention_mask=ATTENTION_MASK))
         np.testing.assert_allclose(got, want, atol=1e-5)
         layer.flash_attention = True
-        with self.assertRaisesRegex(ValueError, "weights are requested"):
-            layer(QUERY, VALUE, return_attention_scores=True)
-
-    @pytest.mark.tf_only
-    def test_flash_attention_true_has_no_path_on_tensorflow(self):
-        layer = MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=True)
         with self.assertRaisesRegex(
-            ValueError,
-            "TensorFlow backend has no fused.*Received: flash_attention=True",
+            ValueError, "weights are requested.*Received: flash_attention=True"
         ):
-            layer(QUERY, VALUE)
+            layer(QUERY, VALUE, return_attention_scores=True)
 
     def test_masked_value_contents_do_not_change_outputs(self):
         layer = MultiHeadAttention(num_heads=2, key_dim=3)

@@ -2,7 +2,14 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.ops import attention_path, dot_product_attention
+import keras_attn.ops.attention as attention_module
+from keras_attn.ops import (
+    attention_path,
+    dot_product_attention,
+    fused_kernel_runs,
+    rows_with_keys,
+    switch_over_length,
+)
 from keras_attn.ops.attention import check_flash_attention
 from tests.test_case import to_numpy
 
@@ -92,32 +99,105 @@ def test_is_causal_equals_an_explicit_causal_mask_on_both_paths(mask):
     np.testing.assert_array_equal(to_numpy(weights)[..., ~causal[0, 0]], 0.0)
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
-def test_attention_path_honours_flash_attention(backend):
-    fused = "explicit" if backend == "tensorflow" else "fused"
-    assert attention_path(None, backend=backend) == fused
-    assert attention_path(False, backend=backend) == "explicit"
-    for needs in (
-        {"return_weights": True},
-        {"dropout_active": True},
-        {"same_head_dims": False},
+LONG = {"query_length": 4096, "key_length": 4096}
+SHORT = {"query_length": 512, "key_length": 512}
+
+
+@pytest.mark.parametrize(
+    ("flash", "call", "expected"),
+    [
+        # A fused kernel runs the call (JAX with cuDNN, PyTorch on CUDA): it
+        # keeps priority at every length, unless dropout or narrow value heads.
+        (None, {"fused_kernel": True, **LONG}, "fused"),
+        (None, {"fused_kernel": True, **SHORT}, "fused"),
+        (True, {"fused_kernel": True, **SHORT}, "fused"),
+        (
+            None,
+            {"fused_kernel": True, "dropout_active": True, **LONG},
+            "memory_efficient",
+        ),
+        (None, {"fused_kernel": True, "dropout_active": True, **SHORT}, "explicit"),
+        (
+            None,
+            {"fused_kernel": True, "same_head_dims": False, **LONG},
+            "memory_efficient",
+        ),
+        (
+            True,
+            {"fused_kernel": True, "same_head_dims": False, **SHORT},
+            "memory_efficient",
+        ),
+        # No fused kernel (TensorFlow, JAX on a CPU or on a GPU in float32):
+        # the memory-efficient path from the switch-over length on.
+        (None, {**LONG}, "memory_efficient"),
+        (None, {**SHORT}, "explicit"),
+        (None, {"query_length": 2, "key_length": 1024}, "memory_efficient"),
+        (None, {"query_length": 2, "key_length": 1023}, "explicit"),
+        (None, {"query_length": 1, "key_length": 8192}, "explicit"),  # decoding
+        (
+            None,
+            {"query_length": 2048, "key_length": 1024, "dtype": "bfloat16"},
+            "explicit",
+        ),
+        (
+            None,
+            {"query_length": 2048, "key_length": 2048, "dtype": "float16"},
+            "memory_efficient",
+        ),
+        (None, {"dropout_active": True, **LONG}, "memory_efficient"),
+        (None, {"same_head_dims": False, **LONG}, "memory_efficient"),
+        # Lengths unknown when traced: decided when the graph runs.
+        (None, {}, "by_length"),
+        (None, {"query_length": 8, "key_length": None}, "by_length"),
+        (None, {"query_length": None, "key_length": 100}, "explicit"),
+        (None, {"query_length": 1, "key_length": None}, "explicit"),
+        # True: fused, else memory-efficient at any length; False: explicit.
+        (True, {**SHORT}, "memory_efficient"),
+        (True, {"query_length": 1, "key_length": 4}, "memory_efficient"),
+        (True, {"dropout_active": True, "fused_kernel": True}, "memory_efficient"),
+        (False, {"fused_kernel": True, **LONG}, "explicit"),
+        (False, {**LONG}, "explicit"),
+        # Weights requested: only the explicit path returns them.
+        (None, {"return_weights": True, "fused_kernel": True, **LONG}, "explicit"),
+        (False, {"return_weights": True}, "explicit"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_attention_path_decisions(flash, call, expected, backend):
+    assert attention_path(flash, backend=backend, **call) == expected
+
+
+def test_tensorflow_has_no_fused_kernel_whatever_it_is_told():
+    for flash, call, expected in (
+        (None, {"fused_kernel": True, **SHORT}, "explicit"),
+        (None, {"fused_kernel": True, **LONG}, "memory_efficient"),
+        (True, {"fused_kernel": True, **SHORT}, "memory_efficient"),
     ):
-        assert attention_path(None, backend=backend, **needs) == "explicit"
-        assert attention_path(False, backend=backend, **needs) == "explicit"
-        with pytest.raises(ValueError, match="Received: flash_attention=True"):
-            attention_path(True, backend=backend, **needs)
-    if backend == "tensorflow":
-        with pytest.raises(ValueError, match="TensorFlow backend has no fused"):
-            attention_path(True, backend=backend)
-    else:
-        assert attention_path(True, backend=backend) == "fused"
+        assert attention_path(flash, backend="tensorflow", **call) == expected
+
+
+def test_switch_over_length_by_dtype():
+    assert switch_over_length("float32") == 1024
+    assert switch_over_length("bfloat16") == switch_over_length("float16") == 2048
+    assert switch_over_length("float64") == 1024
+
+
+def test_flash_attention_true_refuses_a_call_that_needs_the_weights():
+    with pytest.raises(
+        ValueError,
+        match=r"weights are requested.*Received: flash_attention=True, "
+        r"return_attention_scores=True",
+    ):
+        attention_path(True, return_weights=True, backend="jax", fused_kernel=True)
 
 
 def test_attention_path_follows_keras_flash_attention_config(monkeypatch):
     monkeypatch.setattr(keras.config, "is_flash_attention_enabled", lambda: False)
-    assert attention_path(None, backend="jax") == "explicit"
+    assert attention_path(None, backend="jax", fused_kernel=True) == "explicit"
+    assert attention_path(None, backend="tensorflow", **LONG) == "explicit"
     monkeypatch.setattr(keras.config, "is_flash_attention_enabled", lambda: True)
-    assert attention_path(None, backend="jax") == "fused"
+    assert attention_path(None, backend="jax", fused_kernel=True) == "fused"
+    assert attention_path(None, backend="tensorflow", **SHORT) == "memory_efficient"
     with pytest.raises(ValueError, match="attention weights are requested"):
         attention_path(None, backend="jax", return_weights=True)
     assert attention_path(False, backend="jax", return_weights=True) == "explicit"
@@ -141,3 +221,162 @@ def test_check_flash_attention_follows_keras_flash_attention_config(monkeypatch)
     ):
         check_flash_attention(None, 0.1)
     assert check_flash_attention(False, 0.1) is False
+
+
+# -- mask components and the paths ------------------------------------------------
+
+KEY_PADDING = np.array([[True] * 4 + [False] * 2, [False] + [True] * 5])
+QUERY_PADDING = np.array([[True] * 4, [True, True, True, False]])
+COMPONENT_CASES = {
+    "key_padding": {"key_padding_mask": KEY_PADDING},
+    "query_padding": {"query_padding_mask": QUERY_PADDING},
+    "causal": {"is_causal": True},
+    "causal_offset": {"is_causal": True, "causal_offset": 2},
+    "causal_tensor_offset": {"is_causal": True, "causal_offset": "tensor"},
+    "negative_offset": {"is_causal": True, "causal_offset": -2},
+    "sliding_window": {"sliding_window": 2, "causal_offset": 1},
+    "explicit_2d": {"mask": "explicit_2d"},
+    "everything": {
+        "mask": "explicit",
+        "key_padding_mask": KEY_PADDING,
+        "query_padding_mask": QUERY_PADDING,
+        "is_causal": True,
+        "causal_offset": 1,
+        "sliding_window": 3,
+    },
+}
+
+
+def numpy_combined_mask(case):
+    mask = np.ones((2, 1, 4, 6), bool)
+    offset = case.get("causal_offset", 0)
+    offset = 2 if offset == "tensor" else offset
+    query_positions = np.arange(4)[:, None] + offset
+    key_positions = np.arange(6)[None, :]
+    if case.get("mask") == "explicit":
+        mask &= make_mask()
+    if case.get("mask") == "explicit_2d":
+        mask &= make_mask()[0, 0]
+    if "key_padding_mask" in case:
+        mask &= case["key_padding_mask"][:, None, None, :]
+    if "query_padding_mask" in case:
+        mask &= case["query_padding_mask"][:, None, :, None]
+    if case.get("is_causal"):
+        mask &= key_positions <= query_positions
+    if "sliding_window" in case:
+        mask &= np.abs(query_positions - key_positions) < case["sliding_window"]
+    return mask
+
+
+def component_arguments(case):
+    arguments = dict(case)
+    masks = {"explicit": make_mask(), "explicit_2d": make_mask()[0, 0]}  # 4-D, 2-D
+    if "mask" in arguments:
+        arguments["mask"] = masks[arguments["mask"]]
+    if arguments.get("causal_offset") == "tensor":
+        arguments["causal_offset"] = keras.ops.convert_to_tensor(2, "int32")
+    return arguments
+
+
+# The fused path only where keras.ops.dot_product_attention can compute it
+# (JAX's XLA attention; TensorFlow has none).
+FORCED_PATHS = ["explicit", "memory_efficient"] + (
+    ["fused"] if keras.backend.backend() == "jax" else []
+)
+
+
+@pytest.fixture(params=FORCED_PATHS)
+def forced_path(request, monkeypatch):
+    """`flash_attention` forcing each path; the fused one by pretending that a
+    fused kernel runs (on a CPU none does, and XLA computes the attention)."""
+    if request.param == "fused":
+        monkeypatch.setattr(attention_module, "fused_kernel_runs", lambda *a, **k: True)
+        return None
+    return request.param == "memory_efficient"
+
+
+@pytest.mark.parametrize("case", list(COMPONENT_CASES))
+def test_mask_components_equal_the_combined_mask_on_every_path(case, forced_path):
+    arguments = component_arguments(COMPONENT_CASES[case])
+    got = to_numpy(
+        dot_product_attention(Q, K, V, flash_attention=forced_path, **arguments)
+    )
+    full = numpy_combined_mask(COMPONENT_CASES[case])
+    expected, _ = numpy_attention(Q, K, V, full)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    empty_rows = ~full.any(-1)[:, 0]  # (B, Tq)
+    np.testing.assert_array_equal(got[empty_rows], 0.0)
+
+
+@pytest.mark.parametrize("case", ["causal_offset", "everything"])
+def test_rows_with_keys_from_components(case):
+    arguments = component_arguments(COMPONENT_CASES[case])
+    explicit = arguments.pop("mask", None)
+    rows = rows_with_keys(
+        4,
+        6,
+        attention_mask=None if explicit is None else explicit[:, 0],
+        key_padding_mask=arguments.get("key_padding_mask"),
+        query_padding_mask=arguments.get("query_padding_mask"),
+        causal=arguments.get("is_causal", False),
+        offset=arguments.get("causal_offset", 0),
+        sliding_window=arguments.get("sliding_window"),
+    )
+    expected = numpy_combined_mask(COMPONENT_CASES[case]).any(-1)[:, 0]
+    np.testing.assert_array_equal(np.broadcast_to(to_numpy(rows), (2, 4)), expected)
+
+
+def test_rows_with_keys_without_an_explicit_mask_covers_every_window():
+    rng = np.random.default_rng(3)
+    key_padding = rng.uniform(size=(3, 9)) > 0.6
+    for causal in (False, True):
+        for window in (None, 1, 2, 4):
+            for offset in (-3, 0, 2, 9):
+                rows = rows_with_keys(
+                    5,
+                    9,
+                    key_padding_mask=key_padding,
+                    causal=causal,
+                    offset=offset,
+                    sliding_window=window,
+                )
+                query_positions = np.arange(5)[:, None] + offset
+                key_positions = np.arange(9)[None, :]
+                pairs = np.broadcast_to(key_padding[:, None, :], (3, 5, 9)).copy()
+                if causal:
+                    pairs &= key_positions <= query_positions
+                if window:
+                    pairs &= np.abs(query_positions - key_positions) < window
+                np.testing.assert_array_equal(
+                    np.broadcast_to(to_numpy(rows), (3, 5)),
+                    pairs.any(-1),
+                    err_msg=f"causal={causal}, window={window}, offset={offset}",
+                )
+    assert rows_with_keys(5, 9) is None
+
+
+@pytest.mark.jax_only
+def test_fused_kernel_runs_reads_the_compiled_program(monkeypatch):
+    import jax
+
+    assert jax.default_backend() == "cpu"
+    program = attention_module._jax_program_has_fused_kernel
+    program.cache_clear()
+    # XLA on a CPU: matmuls and a softmax, no fused attention custom call;
+    # in float16 the program does not even compile there.
+    for dtype in ("float32", "bfloat16", "float16"):
+        q = keras.ops.cast(Q, dtype)
+        assert not fused_kernel_runs(q, q, q)
+        assert not fused_kernel_runs(q, q, q, mask_shape=(2, 1, 4, 4))
+        assert not fused_kernel_runs(q, q, q, is_causal=True)
+    # The answer comes from the program's text: a target that the CPU
+    # program does hold is found.
+    program.cache_clear()
+    monkeypatch.setattr(attention_module, "_FUSED_KERNEL_TARGETS", ("exponential",))
+    assert fused_kernel_runs(Q, Q, Q)
+    program.cache_clear()
+
+
+@pytest.mark.tf_only
+def test_tensorflow_runs_no_fused_kernel():
+    assert not fused_kernel_runs(Q, K, V)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_attn.ops import causal_mask, dot_product_attention
+from keras_attn.ops import causal_mask, dot_product_attention, sliding_window_mask
 from keras_attn.ops import memory_efficient_attention as attention
 from keras_attn.ops.softmax import masked_softmax
 from tests.test_case import outputs_and_gradients, to_numpy
@@ -35,6 +35,7 @@ QUERY_PADDING[1, 7:] = False
 EXPLICIT = RNG.random((B, TQ, TK)) > 0.3
 EXPLICIT_PER_HEAD = RNG.random((1, N, TQ, TK)) > 0.4
 OFFSET = 2  # the first query is key position 2, as in cached decoding
+WINDOW = 3  # keys within 2 positions of the query's (spans one or two key blocks)
 
 LAYOUTS = {
     "key_blocks": {"query_block_size": 4, "key_block_size": 3},
@@ -72,6 +73,16 @@ def mask_case(kind):
     if kind == "negative_offset":  # the first rows see no key
         kwargs.update(causal=True, causal_offset=-3)
         full &= np.asarray(to_numpy(causal_mask(TQ, TK, -3)))[None, None]
+    if kind in ("sliding_window", "causal_sliding_window"):
+        offset = OFFSET if kind == "causal_sliding_window" else 0
+        kwargs.update(sliding_window=WINDOW, causal_offset=offset)
+        band = sliding_window_mask(TQ, TK, WINDOW, offset)
+        full &= np.asarray(to_numpy(band))[None, None]
+        if kind == "causal_sliding_window":
+            kwargs["causal"] = True
+            full &= np.asarray(to_numpy(causal_mask(TQ, TK, offset)))[None, None]
+            kwargs["key_padding_mask"] = KEY_PADDING  # rows with no key left
+            full &= KEY_PADDING[:, None, None, :]
     return kwargs, full
 
 
@@ -106,6 +117,8 @@ MASK_KINDS = [
     "explicit_per_head",
     "fully_masked_rows",
     "combined",
+    "sliding_window",
+    "causal_sliding_window",
 ]
 
 
@@ -118,6 +131,7 @@ ALL_KEYS_KINDS = [
     "explicit_per_head",
     "fully_masked_rows",
     "combined",
+    "causal_sliding_window",
 ]
 
 
@@ -142,7 +156,7 @@ def test_outputs_and_gradients_equal_the_explicit_path(kind, layout):
         np.testing.assert_array_equal(d_query[0, 3], 0.0)
 
 
-@pytest.mark.parametrize("kind", ["combined", "causal_offset"])
+@pytest.mark.parametrize("kind", ["combined", "causal_offset", "sliding_window"])
 def test_default_blocks_compiled(kind):
     kwargs, full = mask_case(kind)
     got = outputs_and_gradients(
@@ -301,6 +315,7 @@ def test_dropout_only_in_training():
         ({"attention_mask": EXPLICIT[0, 0]}, "Received: attention_mask.shape=(13,)"),
         ({"causal": 1}, "Received: causal=1"),
         ({"causal": True, "causal_offset": 1.5}, "Received: causal_offset=1.5"),
+        ({"sliding_window": 0}, "Received: sliding_window=0"),
         ({"dropout_rate": 1.0}, "Received: dropout_rate=1.0"),
         ({"scale": float("nan")}, "Received: scale=nan"),
     ],
