@@ -4,8 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_FLAGS ?= -q
-# Layer and op tests run a second time on the JAX backend.
-JAX_TESTS := tests/ops tests/layers tests/generation
+# Op, layer, decoding and memory tests run a second time on the JAX backend.
+JAX_TESTS := tests/ops tests/layers tests/generation tests/memory
 
 .PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding demo check-serving format clean
 

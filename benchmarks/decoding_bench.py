@@ -39,13 +39,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from benchmarks._timing import alternate
-from benchmarks.serving_bench import run_tokenizers
 from benchmarks.training_bench import recipe_translation
 from keras_attn.datasets import load_translation_pairs
-from keras_attn.models import translator_adapter
 
 RECIPE_VOCABULARY = 15000  # the tutorial's vocab_size
 RECIPE_LENGTH = 20  # its sequence_length and max_decoded_sentence_length
@@ -88,25 +85,16 @@ def our_decoder(run: Path):
     """Beam search of a translate.py run, batched as the script batches it."""
     metrics = json.loads((run / "metrics.json").read_text())
     config = {**metrics["config"], **metrics["environment"]}
-    model = keras.saving.load_model(run / "model.keras", compile=False)
-    source_tokenizer, target_tokenizer = run_tokenizers(run, "de.model", "en_de.model")
-    max_length = config["max_length"]
-    decode = tf.function(
-        translator_adapter(model).beam_search_fn(
-            max_length=max_length,
-            beam_width=config["beam_width"],
-            length_penalty=config["length_penalty"],
-        ),
-        input_signature=[tf.TensorSpec([None, max_length], tf.int32)],
-    )
+    translator = keras.saving.load_model(run / "model.keras", compile=False)
 
     def translate(sources):
-        hypotheses = []
-        for start in range(0, len(sources), BATCH):
-            ids = source_tokenizer.tokenize(sources[start : start + BATCH])
-            tokens, _ = decode(ids[:, :max_length].to_tensor(shape=[None, max_length]))
-            hypotheses += list(target_tokenizer.detokenize(tokens).numpy())
-        return hypotheses
+        return translator.translate(
+            sources,
+            beam_width=config["beam_width"],
+            length_penalty=config["length_penalty"],
+            max_length=config["max_length"],
+            batch_size=BATCH,
+        )
 
     return translate, config
 

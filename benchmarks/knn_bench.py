@@ -3,7 +3,7 @@
 The search of one beam-search step of the default translator's kNN-MT
 decoding (`examples/translate.py`): 256 queries (64 sentences x 4 beams) of
 dimension 384 against the 198,387 keys of the Ding training pairs' datastore,
-k = 128, in chunks of 65,536 keys. Ours (`keras_attn.ops.nearest_neighbors`
+k = 128, in chunks of 65,536 keys. Ours (`keras_attn.memory.nearest_neighbors`
 with the keys' squared norms kept, as `NearestNeighborDecoding` does)
 against the plain exact search that computes the norms at every call: the
 same matrix product and `top_k` per chunk. Both must
@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks._timing import alternate
-from keras_attn.ops import nearest_neighbors
+from keras_attn.memory import nearest_neighbors
 
 
 def plain_search(queries, keys, k, key_chunk_size):
@@ -68,7 +68,7 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     if args.datastore:
-        from keras_attn.models import TranslationDatastore
+        from keras_attn.memory import TranslationDatastore
 
         keys = TranslationDatastore.load(args.datastore).keys
         rows = rng.choice(len(keys), size=args.queries, replace=False)

@@ -1,6 +1,6 @@
 """Fine-tuning throughput of the pretrained sentiment classifier vs keras-hub's BERT.
 
-`examples/sentiment.py`'s default model, `bert_sentiment_classifier` over
+`examples/sentiment.py`'s default model, `TextClassifier.from_bert` over
 all-MiniLM-L6-v2 (6 post-norm blocks, d_model 384, 12 heads, intermediate
 1536, 30,522-piece vocabulary, mean pooling, sigmoid), against the same
 architecture built by keras-hub: `keras_hub.models.BertBackbone` with these
@@ -38,15 +38,16 @@ import keras_hub
 import numpy as np
 from _timing import alternate
 
+from keras_attn.checkpoints import load_minilm
 from keras_attn.datasets import load_movie_reviews
-from keras_attn.models import bert_sentiment_classifier, load_minilm
+from keras_attn.models import TextClassifier
 
 BATCH = 32
 MAX_LENGTH = 64
 
 
 def ours(checkpoint):
-    model = bert_sentiment_classifier(checkpoint)
+    model = TextClassifier.from_bert(checkpoint)
     model.compile(optimizer=keras.optimizers.AdamW(5e-5), loss="binary_crossentropy")
     return model
 

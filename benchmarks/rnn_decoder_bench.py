@@ -4,7 +4,7 @@
 (`W_k h_j`) once per source and passes the projection to every step of its
 loop. The alternative, projecting at every step (what it did before), is
 timed against it on the same model and batches: one `train_on_batch` of
-`rnn_translator` at the example script's base size (embedding 256, units
+`RNNTranslator` at the example script's base size (embedding 256, units
 512, attention units 512, 8k vocabulary), batch 64, source and target
 lengths `--length`. Both run in this one process, alternately (medians of
 `--rounds` rounds after warm-up).
@@ -28,18 +28,18 @@ import keras
 import numpy as np
 from _timing import alternate
 
-from keras_attn.models import rnn_translator
+from keras_attn.models import RNNTranslator
 
 BATCH, VOCABULARY = 64, 8000
 
 
 def build(per_step_projection: bool) -> keras.Model:
     keras.utils.set_random_seed(0)
-    model = rnn_translator(VOCABULARY, VOCABULARY, dropout=0.0)
+    model = RNNTranslator(VOCABULARY, VOCABULARY, dropout=0.0)
     if per_step_projection:
         # Without a projection made before the loop, each step projects the
         # encoder states itself.
-        model.get_layer("decoder").project_memory = lambda encoder_outputs: None
+        model.decoder.project_memory = lambda memory: None
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -71,7 +71,7 @@ def main(argv=None):
         inner=2,
     )
     print(
-        f"rnn_translator train step, batch {BATCH}, length {args.length}, "
+        f"RNNTranslator train step, batch {BATCH}, length {args.length}, "
         f"{args.policy}; medians of {args.rounds} rounds"
     )
     for name, value in seconds.items():

@@ -112,41 +112,22 @@ def smoke_export(task: str, root: Path) -> Path:
 
 
 def run_export(task: str, run: Path, root: Path, beam_width: int = 4) -> Path:
-    """Export a trained run of translate.py or sentiment.py, with its defaults
-    (the translator with `beam_width`)."""
+    """Export a trained run of translate.py or sentiment.py (its `model.keras`
+    holds its tokenizers), with its defaults (the translator with
+    `beam_width`)."""
     import keras
 
-    from keras_attn.export import export_sentiment, export_translator
-    from keras_attn.models import load_pretrained
-    from keras_attn.text import SubwordTokenizer
-
     config = json.loads((run / "metrics.json").read_text())["config"]
-    checkpoint = load_pretrained(config.get("pretrained", "none"))
     model = keras.saving.load_model(run / "model.keras", compile=False)
     if task == "translator":
-        target = SubwordTokenizer(
-            run / "vocab" / ("de.model" if checkpoint else "en_de.model")
-        )
-        source = (
-            checkpoint.tokenizer(max_length=config["max_length"])
-            if checkpoint
-            else target
-        )
-        return export_translator(
-            model,
-            source,
-            target,
+        return model.export(
             root,
             model_name=f"translator_{beam_width}",
             max_length=40,
             beam_width=beam_width,
+            length_penalty=config.get("length_penalty", 1.0),
         )
-    tokenizer = (
-        checkpoint.tokenizer(max_length=config["max_length"])
-        if checkpoint
-        else SubwordTokenizer(run / "vocab" / "sentiment.model")
-    )
-    return export_sentiment(model, tokenizer, root, max_length=64)
+    return model.export(root, max_length=64)
 
 
 def batches(texts: list, size: int, count: int) -> list:

@@ -422,6 +422,8 @@ def recipe_language_model(vocab_size, maxlen):
 
 def load_example(name):
     """An example script as a module (its `main` is not run)."""
+    if os.path.join(ROOT, "examples") not in sys.path:  # its `_cli`, `_options`
+        sys.path.insert(0, os.path.join(ROOT, "examples"))
     path = os.path.join(ROOT, "examples", f"{EXAMPLE_SCRIPTS[name]}.py")
     spec = importlib.util.spec_from_file_location(f"_example_{name}", path)
     module = importlib.util.module_from_spec(spec)
@@ -441,24 +443,27 @@ def example_defaults(name, smoke):
     args = module.parse_args(argv)
     if smoke and name == "translation":
         # One block per side: tracing the train step dominates a smoke run.
-        module.SIZES = {**module.SIZES, "smoke": (32, 1, 2, 64)}
+        sizes = module._options.TRANSLATOR_SIZES
+        module._options.TRANSLATOR_SIZES = {**sizes, "smoke": (32, 1, 2, 64)}
         args.size = "smoke"
     return module, args
 
 
-def ours(task, vocab_size, length):
+def ours(task, length):
     """Our model as the example script builds and compiles it, at `length`."""
     args = copy.copy(task.args)
     if task.name == "sentiment":
         args.max_length = length
-        return task.example.build_member(args, vocab_size)  # one member
+        return task.example.build_member(args, task.tokenizer, "member_0", None)
     if task.name == "translation":
         args.max_length = length
-        return task.example.compile_model(
-            task.example.build_model(args, vocab_size), args
-        )
+        tokenizers = {
+            "source_tokenizer": task.tokenizer,
+            "target_tokenizer": task.tokenizer,
+        }
+        return task.example.build(args, tokenizers)
     args.sequence_length = length
-    return task.example.build_model(args, vocab_size)
+    return task.example.build(args, task.tokenizer)
 
 
 # -- data --------------------------------------------------------------------
@@ -613,7 +618,7 @@ def build(task, who, vocab_size, length):
             "translation": recipe_translation,
             "language_model": recipe_language_model,
         }[task.name](vocab_size, length)
-    return ours(task, vocab_size, length)
+    return ours(task, length)
 
 
 def make_step(model, who, task, batch):

@@ -116,7 +116,6 @@ def main(argv=None):
                 "small",
                 "--test-sentences",
                 300,
-                "--no-knn",  # kNN-MT decoding is slower; the export serves the model
                 "--export-dir",
                 exports,
             ]

@@ -1,14 +1,18 @@
-"""keras_attn: attention layers for Keras 3.
+"""keras_attn: attention layers for Keras 3, and the models built from them.
 
-Bahdanau and Luong attention, multi-head (self-)attention, position encodings
-and Transformer blocks that compose into functional-API models, train with
-mixed precision and export as SavedModels for TF Serving.
+Bahdanau and Luong attention, multi-head (self-)attention, position encodings,
+Transformer blocks and an attention RNN decoder (`keras_attn.layers`); model
+classes for translation, classification and language modelling that decode,
+save and export for TF Serving (`keras_attn.models`); decoding over a KV cache
+(`keras_attn.generation`); pure attention functions (`keras_attn.ops`).
+Importing keras_attn imports no TensorFlow.
 """
 
-from keras_attn import generation, layers, ops
+from keras_attn import generation, layers, models, ops
 from keras_attn.layers import (
     AttentionPooling,
     BahdanauAttention,
+    BahdanauDecoder,
     LuongAttention,
     MultiHeadAttention,
     MultiHeadSelfAttention,
@@ -18,22 +22,36 @@ from keras_attn.layers import (
     TransformerDecoderBlock,
     TransformerEncoderBlock,
 )
+from keras_attn.models import (
+    RNNTranslator,
+    TextClassifier,
+    TextClassifierEnsemble,
+    TransformerLanguageModel,
+    TransformerTranslator,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionPooling",
     "BahdanauAttention",
+    "BahdanauDecoder",
     "LuongAttention",
     "MultiHeadAttention",
     "MultiHeadSelfAttention",
     "PositionEmbedding",
+    "RNNTranslator",
     "SinusoidalPositionEncoding",
+    "TextClassifier",
+    "TextClassifierEnsemble",
     "TokenAndPositionEmbedding",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
+    "TransformerLanguageModel",
+    "TransformerTranslator",
     "__version__",
     "generation",
     "layers",
+    "models",
     "ops",
 ]

@@ -8,6 +8,7 @@ private `keras.src`): `run_layer_test`, `run_serialization_test`,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +22,31 @@ from absl.testing import parameterized
 from keras import ops
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+EXAMPLE_HELPERS = ("_cli", "_options")  # examples/ modules the scripts import
+
+
+def load_example(name: str):
+    """`examples/<name>.py` as a module. The scripts' helper modules
+    (`examples/_cli.py`, `_options.py`) are registered under their own names
+    first, as the scripts import them (they run with `examples/` on the
+    path)."""
+    if name in EXAMPLE_HELPERS:
+        if name not in sys.modules:
+            path = os.path.join(REPO_ROOT, "examples", f"{name}.py")
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return sys.modules[name]
+    for helper in EXAMPLE_HELPERS:
+        load_example(helper)
+    path = os.path.join(REPO_ROOT, "examples", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def to_numpy(x):

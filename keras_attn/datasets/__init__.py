@@ -14,39 +14,29 @@ Sentences and pairs are split by `assign_split` (a hash of the source text),
 plays and files by position; see `keras_attn.datasets.splits`.
 """
 
-from keras_attn.datasets.cache import DatasetUnavailableError, cache_home
 from keras_attn.datasets.files import load_text
 from keras_attn.datasets.movie_reviews import load_movie_reviews, load_rated_snippets
-from keras_attn.datasets.shakespeare import load_shakespeare, markdown_to_text
-from keras_attn.datasets.splits import (
-    Document,
-    Splits,
-    assign_split,
-    split_bucket,
-    split_documents,
-    split_examples,
-    split_key,
-)
+from keras_attn.datasets.shakespeare import load_shakespeare
+from keras_attn.datasets.splits import Document, Splits, assign_split
 from keras_attn.datasets.translation_pairs import (
-    extract_ding_pairs,
+    load_training_phrases,
     load_translation_pairs,
 )
+from keras_attn.downloads import DatasetUnavailableError, cache_home
 
+# Internals (`splits.split_key`, `split_bucket`, `split_examples`,
+# `split_documents`, `translation_pairs.extract_ding_pairs`,
+# `shakespeare.markdown_to_text`) live in their modules.
 __all__ = [
     "DatasetUnavailableError",
     "Document",
     "Splits",
     "assign_split",
     "cache_home",
-    "extract_ding_pairs",
     "load_movie_reviews",
     "load_rated_snippets",
     "load_shakespeare",
     "load_text",
+    "load_training_phrases",
     "load_translation_pairs",
-    "markdown_to_text",
-    "split_bucket",
-    "split_documents",
-    "split_examples",
-    "split_key",
 ]

@@ -8,12 +8,6 @@ import os
 import tarfile
 from pathlib import Path
 
-from keras_attn.datasets.cache import (
-    DatasetUnavailableError,
-    fetch_into_cache,
-    pip_download,
-    sha256_file,
-)
 from keras_attn.datasets.files import (
     BadLines,
     iter_lines,
@@ -21,6 +15,12 @@ from keras_attn.datasets.files import (
     read_labelled_text,
 )
 from keras_attn.datasets.splits import Splits, split_examples
+from keras_attn.downloads import (
+    DatasetUnavailableError,
+    fetch_into_cache,
+    pip_download,
+    sha256_file,
+)
 
 logger = logging.getLogger("keras_attn.datasets")
 
@@ -67,7 +67,7 @@ def load_movie_reviews(
     (MIT). It is fetched on first use with
     `python -m pip download --no-deps --no-binary :all: vaderSentiment==3.3.2`
     (sha256-checked), and the one file needed is kept in the cache (see
-    `keras_attn.datasets.cache`).
+    `keras_attn.downloads`).
 
     Labels: 1 (positive) if the mean rating is > 0, 0 (negative) if it is < 0;
     the 37 sentences rated exactly 0 are dropped. Split: by a hash of the

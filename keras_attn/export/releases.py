@@ -8,7 +8,7 @@ builds, on first use, a virtual environment holding exactly that TensorFlow
 (from PyPI) and that TensorFlow Text's kernels, in which
 `check_servable(path, serving_release=...)` loads and runs the export.
 
-Layout under `keras_attn.datasets.cache_home()` (`$KERAS_ATTN_HOME`, default
+Layout under `keras_attn.downloads.cache_home()` (`$KERAS_ATTN_HOME`, default
 `~/.cache/keras_attn`), the same root as the corpora:
 
 ```
@@ -193,7 +193,7 @@ class ServingRuntime:
 def runtime_root(root=None) -> Path:
     if root is not None:
         return Path(root).expanduser()
-    from keras_attn.datasets.cache import cache_home
+    from keras_attn.downloads import cache_home
 
     return cache_home() / "serving"
 

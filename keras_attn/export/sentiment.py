@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import keras
-import tensorflow as tf
 
 from keras_attn.export._common import (
     SAMPLE_TEXTS,
@@ -15,45 +14,37 @@ from keras_attn.export._common import (
     run_samples,
     write_export,
 )
-from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.wordpiece import WordPieceTokenizer
 
-LABELS = ("negative", "positive")
 
-
-def sentiment_serving_fn(
-    model: keras.Model,
-    tokenizer: SubwordTokenizer | WordPieceTokenizer,
-    max_length: int,
-    threshold: float = 0.5,
-):
-    """The `serving_default` function: strings -> probability and label."""
-    # The same tokenizer, giving dense ids of `max_length` tokens.
-    config = {**tokenizer.get_config(), "sequence_length": max_length}
-    tokenizer = type(tokenizer).from_config(config)
-    labels = tf.constant(LABELS)
+def sentiment_serving_fn(classifier, max_length: int, threshold: float = 0.5):
+    """The `serving_default` function: strings -> probability and label
+    (`classifier.classify_strings`, the code of its `classify`), and the
+    dense tokenizer it needs tracked."""
+    tokenizer = classifier.dense_tokenizer(max_length)
 
     def serve(text):
         text = clean_text(text, max_chars=16 * max_length)
-        token_ids = tokenizer.tokenize(text)  # (B, max_length), truncated
-        probability = tf.cast(model(token_ids, training=False), tf.float32)
-        probability = tf.reshape(probability, [-1])  # (B,)
-        label = tf.gather(labels, tf.cast(probability > threshold, tf.int32))
-        return {"positive_probability": probability, "label": label}
+        return classifier.classify_strings(
+            text, max_length, threshold, tokenizer=tokenizer
+        )
 
     return serve, tokenizer
 
 
 def export_sentiment(
-    model: keras.Model,
-    tokenizer: SubwordTokenizer | WordPieceTokenizer,
+    classifier,
     base_dir,
     model_name: str = "sentiment",
     version: int | None = None,
     max_length: int = 64,
     threshold: float = 0.5,
 ) -> Path:
-    """Export a `sentiment_classifier` with its tokenizer for TF Serving.
+    """Export a classifier with its tokenizer for TF Serving (what
+    `classifier.export(base_dir)` does).
+
+    `classifier` is a `keras_attn.models.TextClassifier` or
+    `TextClassifierEnsemble` with its `tokenizer`.
 
     Writes `<base_dir>/<model_name>/<version>/` (TF Serving's layout) with one
     signature, `serving_default`: `text` (string `[batch]`) ->
@@ -70,12 +61,17 @@ def export_sentiment(
     Returns:
         The version directory.
     """
+    tokenizer = classifier.tokenizer
+    if tokenizer is None:
+        raise ValueError(
+            "Exporting for TF Serving needs the classifier's `tokenizer`. "
+            f"Received: tokenizer=None on {type(classifier).__name__} "
+            f"{classifier.name!r}"
+        )
     path = next_version_dir(base_dir, model_name, version)
-    serve, serving_tokenizer = sentiment_serving_fn(
-        model, tokenizer, max_length, threshold
-    )
+    serve, serving_tokenizer = sentiment_serving_fn(classifier, max_length, threshold)
     archive = keras.export.ExportArchive()
-    archive.track(model)
+    archive.track(classifier)
     archive.track(serving_tokenizer)
     signatures = {
         "serving_default": archive.add_endpoint(
@@ -89,7 +85,7 @@ def export_sentiment(
         "version": int(path.name),
         "max_length": max_length,
         "threshold": threshold,
-        "labels": list(LABELS),
+        "labels": list(classifier.labels),
         "vocabulary_size": tokenizer.vocabulary_size,
         "tokenizer": type(tokenizer).__name__,
         "signatures": {

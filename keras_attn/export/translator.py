@@ -14,8 +14,6 @@ from keras_attn.export._common import (
     run_samples,
     write_export,
 )
-from keras_attn.models._structure import translator_config
-from keras_attn.models.translator import translator_adapter
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import PAD_ID, START_ID
 from keras_attn.text.wordpiece import WordPieceTokenizer
@@ -24,32 +22,30 @@ SAMPLE_SOURCES = ("Where is the station?", "", "   ", "I am very tired today.")
 
 
 def translator_serving_fns(
-    model,
-    source_tokenizer,
-    target_tokenizer,
+    translator,
     max_length,
     beam_width,
     length_penalty,
     nearest_neighbors=None,
 ):
     """The two signature functions and the objects they need tracked."""
-    adapter = translator_adapter(model, nearest_neighbors)
+    source_tokenizer = _tokenizer(translator, "source_tokenizer")
+    target_tokenizer = _tokenizer(translator, "target_tokenizer")
     # Fresh copies, tracked by the export (their vocabularies become its
     # assets or constants).
     source, target = (
         type(tokenizer).from_config(tokenizer.get_config())
         for tokenizer in (source_tokenizer, target_tokenizer)
     )
-    decode = adapter.beam_search_fn(max_length, beam_width, length_penalty)
+    decode = translator.decoding_fn(
+        max_length, beam_width, length_penalty, nearest_neighbors
+    )
     source_pieces = tf.constant(_pieces(source_tokenizer))
     target_pieces = tf.constant(_pieces(target_tokenizer))
 
     def source_ids(text):
         text = clean_text(text, max_chars=16 * max_length)
-        ids = source.tokenize(text)[:, :max_length]  # ragged (B, <= max_length)
-        # A fixed width keeps one compiled shape and gives even an all-empty
-        # batch a (fully masked) source to attend to.
-        return ids.to_tensor(default_value=PAD_ID, shape=[None, max_length])
+        return translator.source_ids(text, max_length, tokenizer=source)
 
     def translate(text):
         tokens, _ = decode(source_ids(text))  # (B, max_length), END then padding
@@ -60,7 +56,9 @@ def translator_serving_fns(
         tokens, _ = decode(ids)  # (B, T)
         start = tf.fill([tf.shape(tokens)[0], 1], START_ID)
         decoder_inputs = tf.concat([start, tokens], axis=1)[:, :-1]  # (B, T)
-        alignment = tf.cast(adapter.alignment(ids, decoder_inputs), tf.float32)
+        alignment = tf.cast(
+            translator.attention_maps(ids, decoder_inputs)["alignment"], tf.float32
+        )
         keep = tf.cast(tokens != PAD_ID, tf.float32)[:, :, None]  # (B, T, 1)
         return {
             "translation": target.detokenize(tokens),
@@ -78,21 +76,21 @@ def translator_serving_fns(
 
 
 def export_translator(
-    model: keras.Model,
-    source_tokenizer: SubwordTokenizer | WordPieceTokenizer,
-    target_tokenizer: SubwordTokenizer,
+    translator,
     base_dir,
     model_name: str = "translator",
     version: int | None = None,
     max_length: int = 40,
     beam_width: int = 4,
-    length_penalty: float = 0.6,
+    length_penalty: float = 1.0,
     nearest_neighbors=None,
 ) -> Path:
-    """Export a translator with its tokenizers and beam search for TF Serving.
+    """Export a translator with its tokenizers and beam search for TF Serving
+    (what `translator.export(base_dir)` does).
 
-    The source tokenizer is the translator's SentencePiece model, or, for a
-    `bert_transformer_translator`, its encoder's `WordPieceTokenizer`.
+    `translator` is a `keras_attn.models.RNNTranslator` or
+    `TransformerTranslator` with its `source_tokenizer` (SentencePiece, or a
+    pretrained encoder's `WordPieceTokenizer`) and `target_tokenizer`.
 
     Signatures (`<base_dir>/<model_name>/<version>/`):
 
@@ -109,23 +107,21 @@ def export_translator(
     Sources are cleaned (invalid UTF-8 replaced) and truncated to
     `max_length` tokens; translations stop at `max_length` tokens.
 
-    With `nearest_neighbors` (a `keras_attn.models.NearestNeighborDecoding`,
+    With `nearest_neighbors` (a `keras_attn.memory.NearestNeighborDecoding`,
     Transformer only) both signatures decode with kNN-MT: the datastore's
     keys and values are saved as variables of the export (about `4 * d`
     bytes per entry) and its settings are recorded in the metadata.
     """
     path = next_version_dir(base_dir, model_name, version)
     translate, translate_with_alignment, tracked = translator_serving_fns(
-        model,
-        source_tokenizer,
-        target_tokenizer,
+        translator,
         max_length,
         beam_width,
         length_penalty,
         nearest_neighbors,
     )
     archive = keras.export.ExportArchive()
-    archive.track(model)
+    archive.track(translator)
     for resource in tracked:
         archive.track(resource)
     signatures = {
@@ -138,15 +134,14 @@ def export_translator(
             input_signature=[TEXT_SPEC],
         ),
     }
-    config = translator_config(model)
-    kind = config["kind"]
+    kind = "transformer" if hasattr(translator, "call_with_states") else "rnn"
     samples = {name: {"text": list(SAMPLE_SOURCES)} for name in signatures}
     metadata = {
         "task": "translation",
         "model_name": model_name,
         "version": int(path.name),
         "model_kind": kind,
-        "source_tokenizer": type(source_tokenizer).__name__,
+        "source_tokenizer": type(translator.source_tokenizer).__name__,
         "max_length": max_length,
         "beam_width": beam_width,
         "length_penalty": length_penalty,
@@ -163,7 +158,7 @@ def export_translator(
             "over the k nearest datastore keys' tokens",
         },
         "alignment": (
-            f"attention weights of the decoder's {config.get('attention')} attention"
+            f"attention weights of the decoder's {translator.attention} attention"
             if kind == "rnn"
             else "cross-attention of the last decoder block, averaged over heads"
         ),
@@ -190,3 +185,13 @@ def export_translator(
 
 def _pieces(tokenizer: SubwordTokenizer | WordPieceTokenizer) -> list[str]:
     return tokenizer.get_vocabulary()
+
+
+def _tokenizer(task, name: str):
+    tokenizer = getattr(task, name, None)
+    if tokenizer is None:
+        raise ValueError(
+            f"Exporting for TF Serving needs the model's `{name}`. Received: "
+            f"{name}=None on {type(task).__name__} {task.name!r}"
+        )
+    return tokenizer

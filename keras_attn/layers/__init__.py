@@ -2,6 +2,7 @@
 
 from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.layers.bahdanau_attention import BahdanauAttention
+from keras_attn.layers.bahdanau_decoder import BahdanauDecoder
 from keras_attn.layers.base_attention import BaseAttention
 from keras_attn.layers.luong_attention import LuongAttention
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -15,6 +16,7 @@ from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 __all__ = [
     "AttentionPooling",
     "BahdanauAttention",
+    "BahdanauDecoder",
     "BaseAttention",
     "LuongAttention",
     "MultiHeadAttention",

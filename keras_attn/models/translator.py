@@ -1,78 +1,78 @@
-"""One decoding interface over both translators (RNN and Transformer)."""
+"""`Translator`: what the RNN and Transformer translators share as tasks.
+
+A translator network defines the decoding contract (`encode`,
+`call_with_cache`) and `attention_maps`; this base class turns them into
+beam search over token ids (`translate_ids`), translation of raw strings
+with its tokenizers (`translate`), scoring against references
+(`evaluate_translations`) and the TF Serving export (`export`). TensorFlow
+(for the tokenizers) and sacrebleu are imported only by the methods that
+need them.
+"""
 
 from __future__ import annotations
 
+import time
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn import generation
-from keras_attn.models._structure import translator_config
-from keras_attn.models.rnn_translator import (
-    rnn_translator_alignment,
-    rnn_translator_decoding,
-)
-from keras_attn.models.transformer import (
-    transformer_translator_alignment,
-    transformer_translator_decoding,
-)
-from keras_attn.text.vocabulary import END_ID, PAD_ID, START_ID
+from keras_attn.models import _task
+
+PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
-class TranslatorAdapter:
-    """Encode, decode and align with an `rnn_translator` or `transformer_translator`.
+class Translator(keras.Model):
+    """Base class of `RNNTranslator` and `TransformerTranslator`.
+
+    Subclasses build their functional graph (inputs `{"encoder_inputs":
+    (B, S), "decoder_inputs": (B, T)}` int ids, 0 = padding; output float32
+    logits `(B, T, target_vocabulary_size)`) and define:
+
+    - `encode(encoder_inputs, max_length) -> cache`: the decoding cache of a
+      batch of sources (a dict of tensors with batch on axis 0);
+    - `call_with_cache(token_ids, cache, index, nearest_neighbors=None) ->
+      (logits, cache)`: decoder tokens `(B, T)` at positions
+      `index .. index + T - 1`: the `keras_attn.generation` contract;
+    - `attention_maps(encoder_inputs, decoder_inputs)`: a dict holding
+      `"alignment"`, `(B, T, S)` float32 weights of every target position
+      over the source, teacher-forced.
 
     Attributes:
-        kind: `"rnn"` or `"transformer"`.
-        alignment: `align(encoder_inputs, decoder_inputs) -> (B, T, S)` float32
-            attention weights (Bahdanau/Luong weights for the RNN; the last
-            decoder block's cross-attention averaged over heads for the
-            Transformer).
+        source_tokenizer, target_tokenizer: the tokenizers of `translate`
+            and `export` (None for a network used on token ids only).
     """
 
-    def __init__(self, model: keras.Model, nearest_neighbors=None):
-        config = translator_config(model)
-        self.model = model
-        self.kind = config["kind"]
-        self.nearest_neighbors = nearest_neighbors
-        if self.kind == "rnn":
-            if nearest_neighbors is not None:
-                raise ValueError(
-                    "`nearest_neighbors` (kNN-MT) needs a Transformer translator. "
-                    f"Received: the RNN translator {model.name!r}"
-                )
-            self._encode, self.next_fn = rnn_translator_decoding(model)
-            self.alignment = rnn_translator_alignment(model)
-        else:
-            self._encode, self.next_fn = transformer_translator_decoding(
-                model, nearest_neighbors
-            )
-            self.alignment = transformer_translator_alignment(model)
+    # -- decoding over token ids (any backend) ---------------------------------
 
-    def encode(self, encoder_inputs, max_length):
-        """The decoding cache of a batch of sources (`max_length` target steps)."""
-        if self.kind == "rnn":
-            return self._encode(encoder_inputs)
-        return self._encode(encoder_inputs, max_length)
-
-    def _start(self, encoder_inputs):
-        batch = ops.shape(encoder_inputs)[0]
-        return ops.full((batch, 1), START_ID, dtype="int32")
-
-    def beam_search_fn(
-        self, max_length: int, beam_width: int = 4, length_penalty: float = 0.6
+    def decoding_fn(
+        self,
+        max_length: int = 40,
+        beam_width: int = 4,
+        length_penalty: float = 1.0,
+        nearest_neighbors=None,
     ):
-        """`fn(encoder_inputs) -> (tokens (B, max_length), scores (B,))`.
+        """`fn(encoder_inputs (B, S)) -> (tokens (B, max_length), scores (B,))`:
+        beam search (GNMT length penalty; `beam_width=1` is greedy search).
 
-        Tokens exclude the start token; they end with `END_ID` then padding
-        (the tokenizer's `detokenize` stops at the end token).
+        Tokens exclude the start token; they end with the end token (id 3)
+        then padding (id 0). `nearest_neighbors` (a
+        `keras_attn.memory.NearestNeighborDecoding`) mixes its neighbours into
+        every step (kNN-MT). Wrap the function in `tf.function` or `jax.jit`
+        to compile it once.
         """
+        max_length = _task.check_length("max_length", max_length)
+        next_fn = self._next_fn(nearest_neighbors)
 
         def decode(encoder_inputs):
             encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
             cache = self.encode(encoder_inputs, max_length + 1)
+            batch = ops.shape(encoder_inputs)[0]
+            start = ops.full((batch, 1), START_ID, dtype="int32")
             tokens, scores = generation.beam_search(
-                self.next_fn,
-                self._start(encoder_inputs),
+                next_fn,
+                start,
                 cache,
                 max_length + 1,
                 beam_width=beam_width,
@@ -84,29 +84,253 @@ class TranslatorAdapter:
 
         return decode
 
-    def greedy_fn(self, max_length: int):
-        """`fn(encoder_inputs) -> tokens (B, max_length)` (no start token)."""
+    def _next_fn(self, nearest_neighbors=None):
+        if nearest_neighbors is None:
+            return self.call_with_cache
+        return _CallWithNeighbors(self, nearest_neighbors)
 
-        def decode(encoder_inputs):
-            encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
-            cache = self.encode(encoder_inputs, max_length + 1)
-            tokens = generation.greedy_search(
-                self.next_fn,
-                self._start(encoder_inputs),
-                cache,
-                max_length + 1,
-                end_token_id=END_ID,
-                pad_token_id=PAD_ID,
-            )
-            return tokens[:, 1:]
+    def translate_ids(
+        self,
+        encoder_inputs,
+        max_length: int = 40,
+        beam_width: int = 4,
+        length_penalty: float = 1.0,
+        nearest_neighbors=None,
+    ):
+        """Beam-search translations of source token ids: `(tokens, scores)`
+        as `decoding_fn` gives them, computed eagerly."""
+        return self.decoding_fn(
+            max_length, beam_width, length_penalty, nearest_neighbors
+        )(encoder_inputs)
 
-        return decode
+    # -- text (TensorFlow Text tokenizers) -------------------------------------
+
+    def translate(
+        self,
+        texts,
+        beam_width: int = 4,
+        length_penalty: float = 1.0,
+        max_length: int = 40,
+        nearest_neighbors=None,
+        batch_size: int = 64,
+        verbose: int = 0,
+        title: str = "Translating",
+    ) -> list[str]:
+        """Translate raw strings with beam search.
+
+        Args:
+            texts: a string or a list of strings.
+            beam_width: beams (1: greedy search).
+            length_penalty: GNMT `alpha`: hypotheses are ranked by
+                `log P / ((5 + length) / 6) ** alpha`.
+            max_length: source tokens kept, and target tokens at most.
+            nearest_neighbors: a `keras_attn.memory.NearestNeighborDecoding`
+                (kNN-MT; Transformer only).
+            batch_size: sources decoded at once.
+            verbose: 1 or 2 show the progress over the batches, under `title`.
+
+        Returns:
+            The translations, detokenized, one per text.
+        """
+        texts = _task.text_list("texts", texts)
+        _task.require_tokenizer(self, "source_tokenizer", "translate")
+        target = _task.require_tokenizer(self, "target_tokenizer", "translate")
+        from keras_attn._progress import progress_bar
+
+        decode = self._compiled_decoding(
+            max_length, beam_width, length_penalty, nearest_neighbors
+        )
+        hypotheses = []
+        batches = -(-len(texts) // batch_size)  # len / batch_size rounded up
+        progress = progress_bar(title, batches, verbose)
+        for step, start in enumerate(range(0, len(texts), batch_size), start=1):
+            ids = self.source_ids(texts[start : start + batch_size], max_length)
+            tokens, _ = decode(np.asarray(ids))
+            hypotheses += [
+                text.decode("utf-8")
+                for text in np.asarray(target.detokenize(np.asarray(tokens)))
+            ]
+            progress.update(step)
+        return hypotheses
+
+    def source_ids(self, texts, max_length: int = 40, tokenizer=None):
+        """Source ids `(B, max_length)` of strings (a list or a `tf.string`
+        tensor `[B]`): tokenized (with `tokenizer`, default the model's
+        `source_tokenizer`), truncated, padded with 0. A fixed width keeps one
+        compiled shape and gives even an all-empty batch a (fully masked)
+        source to attend to. TensorFlow, eagerly or in a `tf.function` (the
+        export's signatures read their sources so)."""
+        if tokenizer is None:
+            tokenizer = _task.require_tokenizer(self, "source_tokenizer", "translate")
+        ids = tokenizer.tokenize(texts)[:, :max_length]  # ragged (B, <= max_length)
+        return ids.to_tensor(default_value=PAD_ID, shape=[None, max_length])
+
+    def _compiled_decoding(self, max_length, beam_width, length_penalty, knn):
+        """`decoding_fn` compiled once per setting (`tf.function` on
+        TensorFlow, `jax.jit` on JAX) and kept for later calls."""
+        key = (max_length, beam_width, float(length_penalty), id(knn))
+        # Kept out of Keras' tracking: compiled functions are not state.
+        compiled = self.__dict__.setdefault("_compiled_decodings", {})
+        if key not in compiled:
+            decode = self.decoding_fn(max_length, beam_width, length_penalty, knn)
+            backend = keras.backend.backend()
+            if backend == "tensorflow":
+                import tensorflow as tf
+
+                # One trace for every batch: a fixed source width, any size.
+                decode = tf.function(
+                    decode,
+                    input_signature=[tf.TensorSpec([None, max_length], tf.int32)],
+                )
+            elif backend == "jax":
+                import jax
+
+                decode = jax.jit(decode)
+            compiled[key] = (decode, knn)  # knn kept alive: its id is the key
+        return compiled[key][0]
+
+    def evaluate_translations(
+        self,
+        pairs,
+        beam_width: int = 4,
+        length_penalty: float = 1.0,
+        max_length: int = 40,
+        nearest_neighbors=None,
+        batch_size: int = 64,
+        verbose: int = 0,
+        title: str = "Translating",
+    ) -> dict:
+        """Translate the sources of `(source, reference)` pairs and score the
+        translations with sacrebleu (BLEU and chrF on detokenized text).
+
+        Returns:
+            A dict: `sources`, `references`, `hypotheses` (lists of strings),
+            `bleu` and `chrf` (sacrebleu's score objects: `.score`),
+            `bleu_signature`, `chrf_signature`, `decode_ms_per_sentence`.
+        """
+        try:
+            import sacrebleu
+        except ImportError as error:  # pragma: no cover - a dev dependency
+            raise ImportError(
+                "evaluate_translations needs sacrebleu: pip install sacrebleu"
+            ) from error
+        pairs = list(pairs)
+        if not pairs:
+            raise ValueError("`pairs` must hold at least one pair. Received: none")
+        sources = [source for source, _ in pairs]
+        references = [reference for _, reference in pairs]
+        started = time.monotonic()
+        hypotheses = self.translate(
+            sources,
+            beam_width=beam_width,
+            length_penalty=length_penalty,
+            max_length=max_length,
+            nearest_neighbors=nearest_neighbors,
+            batch_size=batch_size,
+            verbose=verbose,
+            title=title,
+        )
+        seconds = time.monotonic() - started
+        bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+        return {
+            "sources": sources,
+            "references": references,
+            "hypotheses": hypotheses,
+            "bleu": bleu.corpus_score(hypotheses, [references]),
+            "chrf": chrf.corpus_score(hypotheses, [references]),
+            "bleu_signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature()),
+            "decode_ms_per_sentence": 1000 * seconds / len(sources),
+        }
+
+    def alignment(self, source: str, translation: str, max_length: int = 40):
+        """`(weights (T + 1, S), source_pieces, target_pieces)` of one
+        translation: the alignment (`attention_maps`) of its target pieces
+        and the end token over the source pieces, for a heatmap
+        (`keras_attn.visualize.plot_attention(weights, source_pieces,
+        target_pieces)`)."""
+        source_tokenizer = _task.require_tokenizer(
+            self, "source_tokenizer", "alignment"
+        )
+        target_tokenizer = _task.require_tokenizer(
+            self, "target_tokenizer", "alignment"
+        )
+        source_ids = np.asarray(source_tokenizer.tokenize([source]).to_tensor())
+        source_ids = source_ids[:, :max_length]
+        target_ids = np.asarray(target_tokenizer.tokenize([translation]).to_tensor())
+        target_ids = target_ids[:, :max_length]
+        decoder_inputs = np.concatenate([[[START_ID]], target_ids], axis=1)
+        weights = self.attention_maps(source_ids, decoder_inputs)["alignment"]
+        source_pieces = [source_tokenizer.id_to_token(int(t)) for t in source_ids[0]]
+        target_pieces = [target_tokenizer.id_to_token(int(t)) for t in target_ids[0]]
+        return (
+            np.asarray(ops.convert_to_numpy(weights))[0],
+            source_pieces,
+            [
+                *target_pieces,
+                "</s>",
+            ],
+        )
+
+    def export(
+        self,
+        base_dir,
+        model_name: str = "translator",
+        version: int | None = None,
+        max_length: int = 40,
+        beam_width: int = 4,
+        length_penalty: float = 1.0,
+        nearest_neighbors=None,
+    ):
+        """Export for TF Serving, strings in and translations out:
+        `keras_attn.export.export_translator(self, ...)` (see there). Returns
+        the version directory `<base_dir>/<model_name>/<version>/`.
+
+        This replaces `keras.Model.export`; `keras.Model.export(model, path)`
+        still writes Keras' plain SavedModel of the token-id network.
+        """
+        from keras_attn.export.translator import export_translator
+
+        return export_translator(
+            self,
+            base_dir,
+            model_name=model_name,
+            version=version,
+            max_length=max_length,
+            beam_width=beam_width,
+            length_penalty=length_penalty,
+            nearest_neighbors=nearest_neighbors,
+        )
+
+    # -- config ----------------------------------------------------------------
+
+    def _tokenizer_config(self) -> dict:
+        return {
+            "source_tokenizer": _task.serialize_tokenizer(self.source_tokenizer),
+            "target_tokenizer": _task.serialize_tokenizer(self.target_tokenizer),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for name in ("source_tokenizer", "target_tokenizer"):
+            config[name] = _task.deserialize_tokenizer(config.get(name))
+        return cls(**config)
 
 
-def translator_adapter(model: keras.Model, nearest_neighbors=None) -> TranslatorAdapter:
-    """A `TranslatorAdapter` for a model built by either translator builder.
+class _CallWithNeighbors:
+    """`call_with_cache` with a kNN-MT decoding (a class, not a lambda or a
+    nested function: AutoGraph reads a function's source when it converts
+    it, and logs a warning for every trace where it cannot)."""
 
-    `nearest_neighbors`: a `NearestNeighborDecoding` (Transformer only): its
-    searches and decoding mix the model with a datastore's neighbours (kNN-MT).
-    """
-    return TranslatorAdapter(model, nearest_neighbors)
+    def __init__(self, translator, nearest_neighbors):
+        self.translator = translator
+        self.nearest_neighbors = nearest_neighbors
+        # The datastore's weights are made here, eagerly, not inside the
+        # function a decoding loop traces.
+        nearest_neighbors.weights_layer()
+
+    def __call__(self, token_ids, cache, index):
+        return self.translator.call_with_cache(
+            token_ids, cache, index, nearest_neighbors=self.nearest_neighbors
+        )

@@ -8,13 +8,6 @@ from keras_attn.ops.attention import (
     weighted_sum,
 )
 from keras_attn.ops.cache import update_cache
-from keras_attn.ops.continuous_cache import (
-    ContinuousCache,
-    continuous_cache_log_probs,
-    continuous_cache_mixture,
-    continuous_cache_probabilities,
-    continuous_cache_stream_probabilities,
-)
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
     causal_mask,
@@ -25,12 +18,6 @@ from keras_attn.ops.masks import (
     sliding_window_mask,
 )
 from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
-from keras_attn.ops.nearest_neighbors import (
-    knn_mixture_log_probs,
-    knn_probabilities,
-    knn_weights,
-    nearest_neighbors,
-)
 from keras_attn.ops.scores import (
     additive_score,
     additive_score_from_projections,
@@ -43,7 +30,6 @@ from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
 
 __all__ = [
     "MASK_VALUE",
-    "ContinuousCache",
     "additive_score",
     "additive_score_from_projections",
     "attention_mask_from_padding",
@@ -51,20 +37,12 @@ __all__ = [
     "causal_mask",
     "combine_masks",
     "concat_score",
-    "continuous_cache_log_probs",
-    "continuous_cache_mixture",
-    "continuous_cache_probabilities",
-    "continuous_cache_stream_probabilities",
     "dot_product_attention",
     "dot_score",
     "fused_kernel_runs",
     "general_score",
-    "knn_mixture_log_probs",
-    "knn_probabilities",
-    "knn_weights",
     "masked_softmax",
     "memory_efficient_attention",
-    "nearest_neighbors",
     "padding_mask",
     "padding_mask_from_lengths",
     "rows_with_keys",

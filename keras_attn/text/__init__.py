@@ -5,7 +5,7 @@
 - `SubwordTokenizer(path)`: a Keras layer that tokenizes and detokenizes with
   TensorFlow Text ops only (runs in `tf.function`, `tf.data`, SavedModels).
 - `WordPieceTokenizer(vocabulary)`: BERT's tokenizer (`[CLS] pieces [SEP]`),
-  for pretrained encoders (`keras_attn.models.load_minilm`), on TensorFlow
+  for pretrained encoders (`keras_attn.checkpoints.load_minilm`), on TensorFlow
   Text ops too.
 - `translation_dataset`, `classification_dataset`, `language_model_dataset`:
   batched, padded (id 0), bucketed, cached, shuffled and prefetched

@@ -1,5 +1,19 @@
-"""Attention heatmaps (matplotlib)."""
+"""Attention heatmaps (matplotlib): `plot_attention` and `save_attention_plot`
+for any weights, and the model classes' heatmaps written as PNG files
+(`save_alignment_plots`, `save_classifier_plots`,
+`save_language_model_plots`)."""
 
 from keras_attn.visualize.attention_plot import plot_attention, save_attention_plot
+from keras_attn.visualize.model_plots import (
+    save_alignment_plots,
+    save_classifier_plots,
+    save_language_model_plots,
+)
 
-__all__ = ["plot_attention", "save_attention_plot"]
+__all__ = [
+    "plot_attention",
+    "save_alignment_plots",
+    "save_attention_plot",
+    "save_classifier_plots",
+    "save_language_model_plots",
+]

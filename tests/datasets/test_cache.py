@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from keras_attn.datasets import DatasetUnavailableError, cache, cache_home
-from keras_attn.datasets.cache import (
+from keras_attn import downloads as cache
+from keras_attn.datasets import DatasetUnavailableError, cache_home
+from keras_attn.downloads import (
     MANIFEST,
     fetch_into_cache,
     pip_download,
@@ -202,7 +203,7 @@ print(cache.fetch_into_cache("corpus", slow_fetch, description="x", hint="y",
 
 
 def test_concurrent_first_calls_in_processes_fetch_once(tmp_path):
-    from keras_attn.datasets import cache
+    from keras_attn import downloads as cache
 
     processes = [
         subprocess.Popen(

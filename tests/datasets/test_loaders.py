@@ -7,20 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from keras_attn import downloads as cache
 from keras_attn.datasets import (
     DatasetUnavailableError,
-    cache,
-    extract_ding_pairs,
     load_movie_reviews,
     load_rated_snippets,
     load_shakespeare,
     load_translation_pairs,
-    markdown_to_text,
     movie_reviews,
     shakespeare,
     translation_pairs,
 )
+from keras_attn.datasets.shakespeare import markdown_to_text
 from keras_attn.datasets.translation_pairs import (
+    extract_ding_pairs,
     has_alternatives,
     resolve_alternatives,
     tidy_spacing,

@@ -16,8 +16,8 @@ from keras_attn.datasets import (
     load_rated_snippets,
     load_shakespeare,
     load_translation_pairs,
-    split_key,
 )
+from keras_attn.datasets.splits import split_key
 from keras_attn.datasets.translation_pairs import tidy_spacing
 from tests.datasets.test_splits import data_md_bucket
 

@@ -7,10 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keras_attn.datasets import (
-    Document,
-    Splits,
-    assign_split,
+from keras_attn.datasets import Document, Splits, assign_split
+from keras_attn.datasets.splits import (
     split_bucket,
     split_documents,
     split_examples,

@@ -1,12 +1,12 @@
 """The example scripts' extra-data options, offline on fixtures."""
 
-import importlib.util
 import json
 
 import pytest
 
 from keras_attn.datasets import (
     assign_split,
+    load_training_phrases,
     load_translation_pairs,
     movie_reviews,
     translation_pairs,
@@ -16,18 +16,13 @@ from tests.datasets.test_loaders import (
     fake_movie_fetch,
     fake_other_domains_fetch,
 )
-from tests.examples.test_scripts import REPO
+from tests.test_case import load_example
 
 pytestmark = pytest.mark.tf_only
 
 
 def load_script(name):
-    spec = importlib.util.spec_from_file_location(
-        f"{name}_example", REPO / "examples" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example(name)
 
 
 @pytest.fixture
@@ -39,7 +34,7 @@ def ding_fixture(monkeypatch, tmp_path):
 def test_phrases_join_the_training_split_only(ding_fixture):
     script = load_script("translate")
     sentences = load_translation_pairs("de-en", alternatives="keep", verbose=False)
-    splits = script.with_training_phrases(sentences, "keep")
+    splits = script.load_data(script.parse_args(["--phrases", "--pretrained", "none"]))
 
     assert splits.validation == sentences.validation
     assert splits.test == sentences.test
@@ -76,19 +71,13 @@ def test_translate_refuses_a_negative_length_penalty(capsys):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--knn-k", "0,16"], "--knn-k values must be > 0. Received: (0, 16)"),
-        (
-            ["--knn-temperature", "30,0"],
-            "--knn-temperature values must be > 0. Received: (30.0, 0.0)",
-        ),
-        (
-            ["--knn-lambda", "0.2,1"],
-            "--knn-lambda values must be in [0, 1). Received: (0.2, 1.0)",
-        ),
+        (["--knn-k", "0,16"], "each value must be > 0. Received: '0,16'"),
+        (["--knn-temperature", "30,0"], "each value must be > 0. Received: '30,0'"),
+        (["--knn-lambda", "0.2,1"], "each value must be in [0, 1). Received: '0.2,1'"),
         (["--knn-k", "8.5"], "expected comma-separated ints. Received: '8.5'"),
         (
             ["--knn-length-penalty", "1,-0.5"],
-            "--knn-length-penalty values must be 0 or more. Received: (1.0, -0.5)",
+            "each value must be >= 0. Received: '1,-0.5'",
         ),
     ],
 )
@@ -102,9 +91,9 @@ def test_translate_refuses_bad_knn_settings(flags, message, capsys):
 @pytest.mark.parametrize(
     "flags, conflict",
     [
-        (["--no-knn"], "--no-knn"),
-        (["--no-export"], "--no-export"),
-        (["--model", "rnn"], "--model rnn"),
+        ([], "no --knn"),
+        (["--knn", "--no-export"], "--no-export"),
+        (["--knn", "--model", "rnn"], "--model rnn"),
     ],
 )
 def test_translate_refuses_to_export_knn_without_it(flags, conflict, capsys):
@@ -269,14 +258,15 @@ def test_knn_phrases_put_the_phrase_pairs_in_the_datastore(
     out = tmp_path / "run"
     script.main(
         [
-            *("--smoke", "--pretrained", "none", "--knn-phrases", "--no-export"),
+            *("--smoke", "--pretrained", "none", "--knn", "--knn-phrases"),
+            "--no-export",
             *("--knn-k", "1", "--knn-temperature", "10", "--knn-lambda", "0.1"),
             *("--knn-length-penalty", "1", "--out", str(out), "--verbose", "2"),
         ]
     )
     run = json.loads((out / "metrics.json").read_text())
     sentences = load_translation_pairs("de-en", alternatives="keep", verbose=False)
-    phrases = script.training_phrases(sentences, "keep")
+    phrases = load_training_phrases(sentences, "keep")
     assert (
         phrases and f"{len(phrases):,} phrase pairs as well" in capsys.readouterr().out
     )

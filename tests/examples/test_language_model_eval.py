@@ -3,23 +3,9 @@ and the continuous cache (`--cache-*`)."""
 
 import json
 import math
-import re
 
-import numpy as np
 import pytest
 
-from keras_attn.datasets import Document
-from keras_attn.models import (
-    transformer_language_model,
-    transformer_language_model_states,
-)
-from keras_attn.text import (
-    END_ID,
-    START_ID,
-    SubwordTokenizer,
-    language_model_dataset,
-    train_subword_vocabulary,
-)
 from tests.examples.test_data_options import load_script
 from tests.examples.test_scripts import FIXTURES, run_script
 
@@ -148,59 +134,3 @@ def test_cache_options_parse_and_bad_values_are_refused(capsys):
         with pytest.raises(SystemExit):
             script.parse_args(argv)
         assert message in capsys.readouterr().err, argv
-
-
-def test_stream_log_probs_follow_the_token_stream(tmp_path):
-    """What the cache is given: every target once, in the order of the text,
-    with the token before it, the model's log-probability and its state."""
-    script = load_script("language_model")
-    text = (FIXTURES / "play_sample.txt").read_text()
-    tokenizer = SubwordTokenizer(
-        train_subword_vocabulary(
-            [text], tmp_path / "v.model", vocabulary_size=400, lossless=True
-        )
-    )
-    documents = [Document("a", text), Document("b", text[150:] + text)]
-    stream = []
-    for document in documents:  # tokenized line by line, as the pipeline does
-        lines = [line for line in re.split(r"(?<=\n)", document.text) if line]
-        tokens = tokenizer.tokenize(lines).flat_values.numpy().tolist()
-        stream += [START_ID, *tokens, END_ID]
-    dataset = language_model_dataset(
-        documents,
-        tokenizer,
-        sequence_length=16,
-        batch_size=3,
-        shuffle=False,
-        document_tokens=True,
-    )
-    model = transformer_language_model(
-        tokenizer.vocabulary_size,
-        16,
-        embedding_dim=8,
-        num_layers=1,
-        num_heads=2,
-        intermediate_dim=16,
-    )
-    scores = script.stream_log_probs(
-        transformer_language_model_states(model), dataset, verbose=0
-    )
-    np.testing.assert_array_equal(scores["targets"], stream[1:])
-    np.testing.assert_array_equal(scores["inputs"], stream[:-1])
-    assert np.cumsum(scores["inputs"] == START_ID)[-1] == 2  # two documents
-    assert scores["states"].shape == (len(stream) - 1, 8)
-    # The log-probabilities are the tied projection of the states.
-    logits = (
-        scores["states"]
-        @ np.asarray(model.get_layer("embedding").token_embedding.embeddings).T
-    )
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    np.testing.assert_allclose(
-        scores["log_probs"],
-        log_probs[np.arange(len(stream) - 1), scores["targets"]],
-        atol=1e-4,
-    )
-    # A plain model (strided scoring) gives the same without states.
-    plain = script.stream_log_probs(model, dataset, verbose=0)
-    assert "states" not in plain
-    np.testing.assert_allclose(plain["log_probs"], scores["log_probs"], atol=1e-6)

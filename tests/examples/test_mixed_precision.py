@@ -8,7 +8,6 @@
   accuracy on the real movie-review sentences within 1 point.
 """
 
-import importlib.util
 import json
 import math
 
@@ -16,18 +15,14 @@ import keras
 import numpy as np
 import pytest
 
-from tests.examples.test_scripts import REPO, run_script, write_reviews
+from tests.examples.test_scripts import run_script, write_reviews
+from tests.test_case import load_example
 
 pytestmark = pytest.mark.tf_only
 
 
 def load_sentiment_script():
-    spec = importlib.util.spec_from_file_location(
-        "sentiment_example", REPO / "examples" / "sentiment.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("sentiment")
 
 
 class TrainingProbe(keras.callbacks.Callback):
@@ -65,12 +60,12 @@ def test_sentiment_script_float16_trains_with_loss_scaling(
 ):
     import tensorflow as tf
 
-    from keras_attn import training
+    from keras_attn.training import fit as fit_module
 
     probe = TrainingProbe()
-    standard_callbacks = training.standard_callbacks
+    standard_callbacks = fit_module.standard_callbacks
     monkeypatch.setattr(
-        training,
+        fit_module,
         "standard_callbacks",
         lambda *args, **kwargs: [*standard_callbacks(*args, **kwargs), probe],
     )
@@ -113,7 +108,7 @@ def test_sentiment_script_float16_trains_with_loss_scaling(
     assert 0.0 <= metrics["metrics"]["test_accuracy"] <= 1.0
 
     model = keras.saving.load_model(out / "model.keras", compile=False)
-    assert model.get_layer("embedding").dtype_policy.name == "mixed_float16"
+    assert model.embedding.dtype_policy.name == "mixed_float16"
     assert_float32_variables_finite(model)
     token_ids = np.array([[5, 9, 17, 3, 0, 0], [8, 2, 0, 0, 0, 0]], "int32")
     probabilities = model.predict(token_ids, verbose=0)
@@ -139,18 +134,18 @@ def sentiment_batches(seed=0, batch_size=16, steps=6, length=12, vocabulary=50):
 
 
 def float16_classifier():
-    from keras_attn.models import sentiment_classifier
+    from keras_attn.models import TextClassifier
 
     keras.config.set_dtype_policy("mixed_float16")
     keras.utils.set_random_seed(0)
-    return sentiment_classifier(
+    return TextClassifier(
         50, 12, embedding_dim=16, num_layers=1, num_heads=2, intermediate_dim=32
     )
 
 
 def test_float16_compile_wraps_the_optimizer_and_scales_the_loss():
     model = float16_classifier()
-    assert model.get_layer("encoder_0").compute_dtype == "float16"
+    assert model.encoder_blocks[0].compute_dtype == "float16"
     model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="binary_crossentropy")
     optimizer = model.optimizer
     assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)

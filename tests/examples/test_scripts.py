@@ -73,6 +73,29 @@ def test_help(script):
     assert "(default: None)" not in text  # except where there is none to show
 
 
+def assert_a_rerun_rescores(script, out, evaluation_flags, figure):
+    """A finished run is refused as --out (the message says how to re-score
+    or retrain it) and re-scored by --evaluate-only, its training figures and
+    configuration kept."""
+    before = json.loads((out / "metrics.json").read_text())
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / script), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert result.returncode != 0
+    assert f"--evaluate-only {out}" in result.stderr and "--overwrite" in result.stderr
+    stdout = run_script(script, "--evaluate-only", out, *evaluation_flags)
+    after = json.loads((out / "metrics.json").read_text())
+    assert "training minutes" in stdout
+    assert after["config"] == before["config"]  # the run's own configuration
+    assert after["metrics"]["train_seconds"] == before["metrics"]["train_seconds"]
+    assert figure in after["metrics"]
+    assert after["evaluated_only"]["evaluate_only"] == str(out)
+
+
 def test_sentiment_smoke(sentiment_file, tmp_path):
     out = tmp_path / "run"
     stdout = run_script(
@@ -101,6 +124,7 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
         heading = f"Evaluating the ensemble on the {split} split:\n"
         assert re.search(heading + r"\d+/\d+ - \d+s - .*accuracy", stdout), split
     assert "\r" not in stdout and "\u2501" not in stdout  # the bar's glyph
+    assert_a_rerun_rescores("sentiment.py", out, ["--no-export"], "test_accuracy")
 
 
 def test_translate_smoke(tmp_path):
@@ -112,6 +136,7 @@ def test_translate_smoke(tmp_path):
         "none",
         "--data",
         FIXTURES / "de_en_pairs.tsv",
+        "--knn",
         "--export-knn",
         "--out",
         out,
@@ -168,11 +193,15 @@ def test_translate_smoke(tmp_path):
     assert metrics["validation_bleu_with_knn"] == best["validation_bleu"]
     assert metadata["length_penalty"] == chosen["length_penalty"]
     for alpha in ("1", "1.5"):
-        assert f"Translating the validation (kNN-MT, length penalty {alpha}) split" in (
+        assert f"Translating the validation split (kNN-MT, length penalty {alpha})" in (
             stdout
         )
+    assert_a_rerun_rescores(
+        "translate.py", out, ["--beam-width", "2", "--no-export"], "test_bleu"
+    )
 
 
+@pytest.mark.large  # the sampling is tested in tests/text, the flag's wiring here
 def test_translate_smoke_with_subword_sampling(tmp_path):
     out = tmp_path / "run"
     run_script(
@@ -185,7 +214,6 @@ def test_translate_smoke_with_subword_sampling(tmp_path):
         "--subword-sampling",
         "0.5",
         "--no-export",
-        "--no-knn",
         "--out",
         out,
     )
@@ -199,6 +227,7 @@ def test_translate_smoke_with_subword_sampling(tmp_path):
     assert not (out / "translations_knn.tsv").exists()
 
 
+@pytest.mark.large  # from_bert and its export are tested in tests/models, tests/export
 def test_translate_smoke_with_a_pretrained_encoder(tmp_path):
     from tests.test_case import write_bert_checkpoint
 

@@ -1,11 +1,8 @@
-"""Small trained-from-scratch models and tokenizers for the export tests."""
+"""Inputs for the export tests (the small tokenizer is in tests/conftest.py)."""
 
 from pathlib import Path
 
 import pytest
-
-from keras_attn.datasets import load_translation_pairs
-from keras_attn.text import SubwordTokenizer, train_subword_vocabulary
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -76,33 +73,15 @@ def nasty_batch():
     return batch
 
 
-@pytest.fixture(scope="session")
-def english_sentences():
-    splits = load_translation_pairs(path=FIXTURES / "de_en_pairs.tsv")
-    return [english for english, _ in splits.train + splits.validation + splits.test]
-
-
-@pytest.fixture(scope="session")
-def small_tokenizer(english_sentences, tmp_path_factory):
-    path = train_subword_vocabulary(
-        english_sentences,
-        tmp_path_factory.mktemp("vocab") / "en.model",
-        vocabulary_size=300,
-        lowercase=True,
-    )
-    return SubwordTokenizer(path)
-
-
 # One small export per task, shared by the tests of what surrounds the
 # SavedModel (warmup, batching, the REST and gRPC examples).
 
 
 @pytest.fixture(scope="session")
 def small_sentiment_export(small_tokenizer, tmp_path_factory):
-    from keras_attn.export import export_sentiment
-    from keras_attn.models import sentiment_classifier
+    from keras_attn.models import TextClassifier
 
-    model = sentiment_classifier(
+    model = TextClassifier(
         small_tokenizer.vocabulary_size,
         12,
         embedding_dim=16,
@@ -110,18 +89,18 @@ def small_sentiment_export(small_tokenizer, tmp_path_factory):
         num_heads=2,
         intermediate_dim=32,
         pooling="attention",
+        tokenizer=small_tokenizer,
     )
     base = tmp_path_factory.mktemp("sentiment_export")
-    return export_sentiment(model, small_tokenizer, base, max_length=12)
+    return model.export(base, max_length=12)
 
 
 @pytest.fixture(scope="session")
 def small_translator_export(small_tokenizer, tmp_path_factory):
-    from keras_attn.export import export_translator
-    from keras_attn.models import transformer_translator
+    from keras_attn.models import TransformerTranslator
 
     vocabulary = small_tokenizer.vocabulary_size
-    model = transformer_translator(
+    model = TransformerTranslator(
         vocabulary,
         vocabulary,
         sequence_length=11,
@@ -131,33 +110,29 @@ def small_translator_export(small_tokenizer, tmp_path_factory):
         num_heads=2,
         intermediate_dim=32,
         shared_vocabulary=True,
+        source_tokenizer=small_tokenizer,
+        target_tokenizer=small_tokenizer,
     )
     base = tmp_path_factory.mktemp("translator_export")
-    return export_translator(
-        model, small_tokenizer, small_tokenizer, base, max_length=10, beam_width=2
-    )
+    return model.export(base, max_length=10, beam_width=2, length_penalty=0.6)
 
 
 @pytest.fixture(scope="session")
 def small_language_model_export(small_tokenizer, tmp_path_factory):
-    from keras_attn.export import export_language_model
-    from keras_attn.models import transformer_language_model
-    from keras_attn.ops import ContinuousCache
+    from keras_attn.memory import ContinuousCache
+    from keras_attn.models import TransformerLanguageModel
 
-    model = transformer_language_model(
+    model = TransformerLanguageModel(
         small_tokenizer.vocabulary_size,
         sequence_length=16,
         embedding_dim=16,
         num_layers=1,
         num_heads=2,
         intermediate_dim=32,
+        tokenizer=small_tokenizer,
     )
     base = tmp_path_factory.mktemp("language_model_export")
     # With a continuous cache, as examples/language_model.py exports by default.
-    return export_language_model(
-        model,
-        small_tokenizer,
-        base,
-        max_new_tokens=6,
-        continuous_cache=ContinuousCache(theta=0.5, lam=0.3),
+    return model.export(
+        base, max_new_tokens=6, continuous_cache=ContinuousCache(theta=0.5, lam=0.3)
     )

@@ -23,6 +23,7 @@ from keras_attn.export.warmup import (
     warmup_logs,
     write_warmup,
 )
+from keras_attn.models import TextClassifierEnsemble
 
 pytestmark = pytest.mark.tf_only
 
@@ -124,7 +125,9 @@ def test_non_finite_outputs_are_reported(small_tokenizer, tmp_path):
     first = keras.ops.cast(ids[:, :1], "float32")  # (B, 1); padding id 0
     probability = keras.layers.Lambda(lambda t: keras.ops.log(t - 1.0))(first)
     model = keras.Model(ids, probability)
-    path = export_sentiment(model, small_tokenizer, tmp_path, max_length=8)
+    # A one-member ensemble: the export's classifier interface over any model.
+    classifier = TextClassifierEnsemble([model], tokenizer=small_tokenizer)
+    path = export_sentiment(classifier, tmp_path, max_length=8)
     report = check_servable(path, verbose=False)
     assert not report.ok
     assert report.problems == [

@@ -7,11 +7,8 @@ import pytest
 import tensorflow as tf
 
 from keras_attn.export import check_servable, export_language_model
-from keras_attn.models import (
-    transformer_language_model,
-    transformer_language_model_states,
-)
-from keras_attn.ops import ContinuousCache
+from keras_attn.memory import ContinuousCache
+from keras_attn.models import TransformerLanguageModel
 from keras_attn.text import END_ID, START_ID
 from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 
@@ -22,16 +19,17 @@ CONTEXT = 16
 
 @pytest.fixture(scope="module")
 def exported(small_tokenizer, tmp_path_factory):
-    model = transformer_language_model(
+    model = TransformerLanguageModel(
         small_tokenizer.vocabulary_size,
         sequence_length=CONTEXT,
         embedding_dim=16,
         num_layers=1,
         num_heads=2,
         intermediate_dim=32,
+        tokenizer=small_tokenizer,
     )
     base = tmp_path_factory.mktemp("export")
-    path = export_language_model(model, small_tokenizer, base, max_new_tokens=6)
+    path = model.export(base, max_new_tokens=6)
     return model, small_tokenizer, path
 
 
@@ -116,12 +114,12 @@ CACHE = ContinuousCache(theta=0.5, lam=0.3)
 
 @pytest.fixture(scope="module")
 def exported_with_cache(exported, tmp_path_factory):
-    model, tokenizer, _ = exported
+    model, _, _ = exported
     base = tmp_path_factory.mktemp("export_cache")
     windowed = ContinuousCache(theta=0.5, lam=0.3, window=5)
     return {
         cache: export_language_model(
-            model, tokenizer, base, max_new_tokens=6, continuous_cache=cache
+            model, base, max_new_tokens=6, continuous_cache=cache
         )
         for cache in (CACHE, windowed)
     }
@@ -130,9 +128,9 @@ def exported_with_cache(exported, tmp_path_factory):
 def reference_cache_scores(model, tokenizer, text, cache):
     """The export's windows (CONTEXT inputs every CONTEXT // 2 positions, each
     scoring the targets the previous one did not) computed one by one, then
-    the cache of keras_attn.ops (NumPy, chunked) over the text's states."""
+    the cache of keras_attn.memory over the text's states."""
     ids = [START_ID, *tokenizer.tokenize(text).numpy().tolist(), END_ID]
-    scorer = transformer_language_model_states(model)
+    scorer = model.call_with_states
     stride = CONTEXT // 2
     states, log_probs = [], []
     begin, first_new = 0, 0
@@ -147,13 +145,18 @@ def reference_cache_scores(model, tokenizer, text, cache):
         begin, first_new = begin + stride, CONTEXT - stride
     targets = np.array(ids[1:])
     assert len(states) == len(targets)  # every target once, in order
-    mixed = cache.log_probs(
-        np.stack(states), targets, np.array(log_probs), np.zeros_like(targets)
+    mixed = np.asarray(
+        cache.log_probs(
+            np.stack(states),
+            targets,
+            np.array(log_probs, "float32"),
+            np.zeros_like(targets),
+        )
     )
     return float(np.sum(mixed)), float(np.sum(log_probs)), len(targets)
 
 
-def test_the_cache_export_scores_as_the_cache_of_keras_attn_ops(
+def test_the_cache_export_scores_as_the_cache_of_keras_attn_memory(
     exported, exported_with_cache
 ):
     model, tokenizer, plain_path = exported
@@ -226,14 +229,29 @@ def test_the_cache_export_is_servable_and_takes_any_input(exported_with_cache):
 
 
 def test_the_continuous_cache_argument_is_checked(exported, tmp_path):
-    model, tokenizer, _ = exported
+    model, _, _ = exported
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "`continuous_cache` must be a keras_attn.ops.ContinuousCache or None. "
+            "`continuous_cache` must be a keras_attn.memory.ContinuousCache or None. "
             "Received: continuous_cache={'theta': 0.5}"
         ),
     ):
-        export_language_model(
-            model, tokenizer, tmp_path, continuous_cache={"theta": 0.5}
+        export_language_model(model, tmp_path, continuous_cache={"theta": 0.5})
+
+
+def test_the_export_answers_what_generate_and_score_give(exported, exported_with_cache):
+    model, _, path = exported
+    texts = ["where is the house", " ".join(["the station is near the house"] * 8)]
+    loaded = tf.saved_model.load(str(path))
+    served = loaded.signatures["serving_default"](prompt=tf.constant(texts))
+    completions = [c.decode("utf-8") for c in served["completion"].numpy()]
+    assert completions == model.generate(texts, max_new_tokens=6)
+    for cache, cache_path in [(None, path), *exported_with_cache.items()]:
+        outputs = tf.saved_model.load(str(cache_path)).signatures["score"](
+            text=tf.constant(texts)
         )
+        eager = model.score(texts, continuous_cache=cache)
+        assert sorted(eager) == sorted(outputs)
+        for name, value in eager.items():
+            np.testing.assert_allclose(outputs[name].numpy(), value, rtol=1e-5)

@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 import keras_attn.ops.attention as attention_module
-from keras_attn.export import check_servable, export_language_model
-from keras_attn.models import transformer_language_model
+from keras_attn.export import check_servable
+from keras_attn.models import TransformerLanguageModel
 from tests.export.conftest import assert_bad_requests_leave_no_trace
 from tests.export.test_language_model_export import reference_log_likelihood
 
@@ -35,13 +35,14 @@ def counting(taken, name, function):
 
 @pytest.fixture(scope="module")
 def exported(small_tokenizer, tmp_path_factory):
-    model = transformer_language_model(
+    model = TransformerLanguageModel(
         small_tokenizer.vocabulary_size,
         sequence_length=CONTEXT,
         embedding_dim=16,
         num_layers=1,
         num_heads=2,
         intermediate_dim=32,
+        tokenizer=small_tokenizer,
     )
     base = tmp_path_factory.mktemp("memory_efficient_export")
     taken = {"memory_efficient": 0, "explicit": 0}
@@ -59,7 +60,7 @@ def exported(small_tokenizer, tmp_path_factory):
             counting(taken, "explicit", attention_module._explicit_attention),
         )
         patch.setattr(keras.config, "is_flash_attention_enabled", lambda: True)
-        path = export_language_model(model, small_tokenizer, base, max_new_tokens=6)
+        path = model.export(base, max_new_tokens=6)
     return model, small_tokenizer, path, taken
 
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from keras_attn.export import check_servable, export_sentiment
-from keras_attn.models import sentiment_classifier
+from keras_attn.models import TextClassifier, TextClassifierEnsemble
 from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 
 pytestmark = pytest.mark.tf_only
@@ -17,7 +17,7 @@ MAX_LENGTH = 12
 
 @pytest.fixture(scope="module")
 def exported(small_tokenizer, tmp_path_factory):
-    model = sentiment_classifier(
+    model = TextClassifier(
         small_tokenizer.vocabulary_size,
         MAX_LENGTH,
         embedding_dim=16,
@@ -25,9 +25,10 @@ def exported(small_tokenizer, tmp_path_factory):
         num_heads=2,
         intermediate_dim=32,
         pooling="attention",
+        tokenizer=small_tokenizer,
     )
     base = tmp_path_factory.mktemp("export")
-    path = export_sentiment(model, small_tokenizer, base, max_length=MAX_LENGTH)
+    path = model.export(base, max_length=MAX_LENGTH)
     return model, small_tokenizer, base, path
 
 
@@ -54,9 +55,9 @@ def test_layout_metadata_and_servability(exported):
     assert saved == sum(int(np.prod(v.shape)) for v in model.variables)
     assert "serving_default" in report.cli_summary
     # The next export goes to version 2; an existing version is never replaced.
-    assert export_sentiment(model, tokenizer, base, max_length=MAX_LENGTH).name == "2"
+    assert export_sentiment(model, base, max_length=MAX_LENGTH).name == "2"
     with pytest.raises(ValueError, match="versions are immutable"):
-        export_sentiment(model, tokenizer, base, version=1)
+        export_sentiment(model, base, version=1)
 
 
 def test_signature_matches_the_keras_model(exported):
@@ -163,15 +164,13 @@ def test_check_prints_rest_requests_and_the_served_responses(exported):
 
 
 def test_pretrained_encoder_exports_with_its_wordpiece_tokenizer(tmp_path):
-    from keras_attn.models import bert_sentiment_classifier, load_bert_checkpoint
+    from keras_attn.checkpoints import load_bert_checkpoint
     from tests.test_case import write_bert_checkpoint
 
     checkpoint = load_bert_checkpoint(write_bert_checkpoint(tmp_path / "bert"))
-    model = bert_sentiment_classifier(checkpoint)
     tokenizer = checkpoint.tokenizer(max_length=MAX_LENGTH)
-    path = export_sentiment(
-        model, tokenizer, tmp_path / "export", max_length=MAX_LENGTH
-    )
+    model = TextClassifier.from_bert(checkpoint, tokenizer=tokenizer)
+    path = model.export(tmp_path / "export", max_length=MAX_LENGTH)
     assert (path / "assets" / "vocab.txt").read_text().splitlines() == (
         checkpoint.vocabulary
     )
@@ -193,3 +192,33 @@ def test_pretrained_encoder_exports_with_its_wordpiece_tokenizer(tmp_path):
     report = check_servable(path, verbose=False, examples=texts[:1])
     assert report.ok, str(report)
     assert report.text_ops == ["FastBertNormalize", "FastWordpieceTokenizeWithOffsets"]
+
+
+def test_an_ensemble_exports_its_averaged_probability(small_tokenizer, tmp_path):
+    members = [
+        TextClassifier(
+            small_tokenizer.vocabulary_size,
+            MAX_LENGTH,
+            embedding_dim=8,
+            num_layers=1,
+            num_heads=2,
+            intermediate_dim=16,
+            name=f"member_{index}",
+        )
+        for index in range(2)
+    ]
+    ensemble = TextClassifierEnsemble(members, tokenizer=small_tokenizer)
+    path = ensemble.export(tmp_path / "export", max_length=MAX_LENGTH)
+    texts = ["A gripping, beautifully acted film.", "dull"]
+    served = tf.saved_model.load(str(path)).signatures["serving_default"](
+        text=tf.constant(texts)
+    )
+    expected = ensemble.classify(texts, max_length=MAX_LENGTH)
+    np.testing.assert_allclose(
+        served["positive_probability"].numpy(),
+        expected["positive_probability"],
+        atol=1e-6,
+    )
+    assert [label.decode() for label in served["label"].numpy()] == expected["label"]
+    with pytest.raises(ValueError, match="needs the classifier's `tokenizer`"):
+        export_sentiment(members[0], tmp_path / "again")

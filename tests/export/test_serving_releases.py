@@ -81,15 +81,15 @@ def test_a_wordpiece_export_in_each_release(tmp_path):
     links the TensorFlow Text its wheel has; in 2.19.1 the server has them
     (TensorFlow Text 2.12.1's libraries name them) but no wheel loads their
     kernels into TensorFlow 2.19: not verified, not failed."""
-    from keras_attn.export import export_sentiment
-    from keras_attn.models import bert_sentiment_classifier, load_bert_checkpoint
+    from keras_attn.checkpoints import load_bert_checkpoint
+    from keras_attn.models import TextClassifier
     from tests.test_case import write_bert_checkpoint
 
     checkpoint = load_bert_checkpoint(write_bert_checkpoint(tmp_path / "bert"))
-    model = bert_sentiment_classifier(checkpoint)
-    path = export_sentiment(
-        model, checkpoint.tokenizer(max_length=12), tmp_path / "export", max_length=12
+    model = TextClassifier.from_bert(
+        checkpoint, tokenizer=checkpoint.tokenizer(max_length=12)
     )
+    path = model.export(tmp_path / "export", max_length=12)
     newest, before = RELEASES
     report = check_servable(path, verbose=False, serving_release=newest)
     assert report.ok, str(report)

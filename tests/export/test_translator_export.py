@@ -4,16 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_attn.checkpoints import load_bert_checkpoint
 from keras_attn.export import check_servable, export_translator
-from keras_attn.models import (
-    NearestNeighborDecoding,
-    TranslationDatastore,
-    bert_transformer_translator,
-    load_bert_checkpoint,
-    rnn_translator,
-    transformer_translator,
-    translator_adapter,
-)
+from keras_attn.memory import NearestNeighborDecoding, TranslationDatastore
+from keras_attn.models import RNNTranslator, TransformerTranslator
 from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 from tests.test_case import write_bert_checkpoint
 
@@ -22,8 +16,9 @@ pytestmark = pytest.mark.tf_only
 MAX_LENGTH = 10
 
 
-def small_transformer(vocabulary):
-    return transformer_translator(
+def small_transformer(tokenizer):
+    vocabulary = tokenizer.vocabulary_size
+    return TransformerTranslator(
         vocabulary,
         vocabulary,
         sequence_length=MAX_LENGTH + 1,
@@ -33,35 +28,57 @@ def small_transformer(vocabulary):
         num_heads=2,
         intermediate_dim=32,
         shared_vocabulary=True,
+        source_tokenizer=tokenizer,
+        target_tokenizer=tokenizer,
     )
 
 
 @pytest.fixture(scope="module", params=["transformer", "rnn", "bert"])
-def exported(request, small_tokenizer, tmp_path_factory):
+def translator(request, small_tokenizer, tmp_path_factory):
     vocabulary = small_tokenizer.vocabulary_size
-    source_tokenizer = small_tokenizer
     if request.param == "bert":  # a pretrained encoder with WordPiece sources
         checkpoint = load_bert_checkpoint(
             write_bert_checkpoint(tmp_path_factory.mktemp("bert"), seed=5)
         )
-        model = bert_transformer_translator(
-            checkpoint, vocabulary, num_decoder_layers=1, intermediate_dim=32
+        return TransformerTranslator.from_bert(
+            checkpoint,
+            vocabulary,
+            num_decoder_layers=1,
+            intermediate_dim=32,
+            source_tokenizer=checkpoint.tokenizer(),
+            target_tokenizer=small_tokenizer,
         )
-        source_tokenizer = checkpoint.tokenizer()
-    elif request.param == "transformer":
-        model = small_transformer(vocabulary)
-    else:
-        model = rnn_translator(vocabulary, vocabulary, embedding_dim=8, units=12)
-    base = tmp_path_factory.mktemp("export")
-    path = export_translator(
-        model,
-        source_tokenizer,
-        small_tokenizer,
-        base,
-        max_length=MAX_LENGTH,
-        beam_width=3,
+    if request.param == "transformer":
+        return small_transformer(small_tokenizer)
+    return RNNTranslator(
+        vocabulary,
+        vocabulary,
+        embedding_dim=8,
+        units=12,
+        source_tokenizer=small_tokenizer,
+        target_tokenizer=small_tokenizer,
     )
-    return path
+
+
+@pytest.fixture(scope="module")
+def exported(translator, tmp_path_factory):
+    base = tmp_path_factory.mktemp("export")
+    return translator.export(base, max_length=MAX_LENGTH, beam_width=3)
+
+
+def test_the_export_serves_what_translate_gives(translator, exported):
+    texts = ["Where is the station?", "I am very tired today.", ""]
+    served = tf.saved_model.load(str(exported)).signatures["serving_default"](
+        text=tf.constant(texts)
+    )["translation"]
+    expected = translator.translate(texts, beam_width=3, max_length=MAX_LENGTH)
+    assert [t.decode("utf-8") for t in served.numpy()] == expected
+    # The export function and the method write the same export.
+    metadata = json.loads((exported / "assets.extra" / "keras_attn.json").read_text())
+    assert (metadata["beam_width"], metadata["length_penalty"]) == (3, 1.0)
+    assert metadata["model_kind"] == (
+        "rnn" if isinstance(translator, RNNTranslator) else "transformer"
+    )
 
 
 def test_servable_with_both_signatures(exported):
@@ -74,16 +91,14 @@ def test_wordpiece_sources_are_served_as_the_encoder_reads_them(
     small_tokenizer, tmp_path
 ):
     checkpoint = load_bert_checkpoint(write_bert_checkpoint(tmp_path, seed=5))
-    model = bert_transformer_translator(
-        checkpoint, small_tokenizer.vocabulary_size, num_decoder_layers=1
+    model = TransformerTranslator.from_bert(
+        checkpoint,
+        small_tokenizer.vocabulary_size,
+        num_decoder_layers=1,
+        source_tokenizer=checkpoint.tokenizer(),
+        target_tokenizer=small_tokenizer,
     )
-    path = export_translator(
-        model,
-        checkpoint.tokenizer(),
-        small_tokenizer,
-        tmp_path / "export",
-        max_length=8,
-    )
+    path = export_translator(model, tmp_path / "export", max_length=8)
     metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
     assert metadata["source_tokenizer"] == "WordPieceTokenizer"
     align = tf.saved_model.load(str(path)).signatures["translate_with_alignment"]
@@ -150,7 +165,7 @@ def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path, key_dt
     served translations are those of the in-process kNN-MT beam search, not
     the model's alone."""
     vocabulary = small_tokenizer.vocabulary_size
-    model = small_transformer(vocabulary)
+    model = small_transformer(small_tokenizer)
     rng = np.random.default_rng(0)
     store = TranslationDatastore(
         rng.normal(size=(50, 16)).astype("float32"),
@@ -160,13 +175,11 @@ def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path, key_dt
     knn = NearestNeighborDecoding(
         store, k=8, temperature=5.0, lam=0.9, key_dtype=key_dtype
     )
-    path = export_translator(
-        model,
-        small_tokenizer,
-        small_tokenizer,
+    path = model.export(
         tmp_path / "export",
         max_length=MAX_LENGTH,
         beam_width=3,
+        length_penalty=0.6,
         nearest_neighbors=knn,
     )
     report = check_servable(path, verbose=False)
@@ -182,14 +195,17 @@ def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path, key_dt
     served = tf.saved_model.load(str(path)).signatures["serving_default"](
         text=tf.constant(texts)
     )["translation"]
-    ids = small_tokenizer.tokenize(texts)[:, :MAX_LENGTH].to_tensor(
-        shape=[None, MAX_LENGTH]
-    )
 
     def decode(nearest_neighbors):
-        adapter = translator_adapter(model, nearest_neighbors)
-        tokens, _ = adapter.beam_search_fn(MAX_LENGTH, 3, 0.6)(ids)
-        return small_tokenizer.detokenize(tokens).numpy().tolist()
+        return model.translate(
+            texts, 3, 0.6, MAX_LENGTH, nearest_neighbors=nearest_neighbors
+        )
 
-    assert served.numpy().tolist() == decode(knn)
+    assert [t.decode("utf-8") for t in served.numpy()] == decode(knn)
     assert decode(knn) != decode(None)  # lambda 0.9 changes the output
+
+
+def test_a_translator_without_tokenizers_is_refused(tmp_path):
+    model = TransformerTranslator(20, 20, num_encoder_layers=1, num_decoder_layers=1)
+    with pytest.raises(ValueError, match="needs the model's `source_tokenizer`"):
+        model.export(tmp_path)

@@ -2,12 +2,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.models.rnn_translator import (
-    ATTENTIONS,
-    rnn_translator,
-    rnn_translator_alignment,
-    rnn_translator_decoding,
-)
+from keras_attn.models import RNNTranslator
+from keras_attn.models.rnn_translator import ATTENTIONS
 from tests.test_case import to_numpy
 
 SOURCE = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], "int32")
@@ -15,7 +11,7 @@ TARGET = np.array([[1, 4, 5, 6, 0], [1, 7, 8, 9, 10]], "int32")
 
 
 def build(attention):
-    return rnn_translator(
+    return RNNTranslator(
         30, 20, embedding_dim=8, units=12, attention=attention, dropout=0.0
     )
 
@@ -26,16 +22,17 @@ def test_step_by_step_decoding_equals_the_teacher_forced_pass(attention):
     inputs = {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
     full = to_numpy(model(inputs))
     assert full.shape == (2, 5, 20) and full.dtype == np.float32
-    encode, next_fn = rnn_translator_decoding(model)
-    cache = encode(SOURCE)
+    cache = model.encode(SOURCE)
     for index in range(TARGET.shape[1]):
-        logits, cache = next_fn(TARGET[:, index : index + 1], cache, index)
+        logits, cache = model.call_with_cache(
+            TARGET[:, index : index + 1], cache, index
+        )
         # Padded target positions (loss-masked in training) may differ.
         valid = TARGET[:, index] != 0
         np.testing.assert_allclose(
             to_numpy(logits)[valid], full[valid, index], atol=1e-5
         )
-    weights = to_numpy(rnn_translator_alignment(model)(SOURCE, TARGET))
+    weights = to_numpy(model.attention_maps(SOURCE, TARGET)["alignment"])
     assert weights.shape == (2, 5, 6)
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
     np.testing.assert_array_equal(weights[0, :, 4:], 0.0)  # padded source
@@ -43,11 +40,11 @@ def test_step_by_step_decoding_equals_the_teacher_forced_pass(attention):
 
 def test_bahdanau_decoder_projects_the_encoder_states_once_per_source():
     model = build("bahdanau")
-    attention = model.get_layer("decoder").attention
+    attention = model.decoder.attention
     inputs = {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
     full = to_numpy(model(inputs))
-    encode, next_fn = rnn_translator_decoding(model)
-    cache = encode(SOURCE)
+    next_fn = model.call_with_cache
+    cache = model.encode(SOURCE)
     assert tuple(cache["projected_memory"].shape) == (2, 6, 12)
 
     def score_from_unprojected_keys(query, key):
@@ -88,11 +85,15 @@ def test_trains_and_saves(tmp_path):
     path = tmp_path / "model.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, RNNTranslator)
+    assert isinstance(loaded.decoder.cell, keras.layers.GRUCell)
     np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)), atol=1e-6)
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="Received: attention='luong'"):
-        rnn_translator(10, 10, attention="luong")
+        RNNTranslator(10, 10, attention="luong")
     with pytest.raises(ValueError, match="Received: units=7"):
-        rnn_translator(10, 10, units=7)
+        RNNTranslator(10, 10, units=7)
+    with pytest.raises(ValueError, match="needs a Transformer translator"):
+        build("bahdanau").call_with_cache(TARGET[:, :1], {}, 0, nearest_neighbors=1)

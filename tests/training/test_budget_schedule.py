@@ -9,6 +9,12 @@ import numpy as np
 import pytest
 
 from keras_attn.training import BudgetCosineDecay, TimeBudget
+from keras_attn.training import callbacks as callbacks_module
+from tests.test_case import load_example
+
+
+def cli():
+    return load_example("_cli")
 
 
 class FakeBudget(TimeBudget):
@@ -93,17 +99,15 @@ def test_bad_arguments(kwargs, match):
 def run_parser():
     import argparse
 
-    from keras_attn import training
-
     parser = argparse.ArgumentParser()
-    training.add_run_arguments(
+    cli().add_run_arguments(
         parser, out="runs/x", epochs=7, time_budget=10.0, batch_size=8
     )
     return parser
 
 
 def test_time_budget_zero_means_no_budget():
-    from keras_attn.training import parse_run_args
+    parse_run_args = cli().parse_run_args
 
     assert parse_run_args(run_parser(), []).time_budget == 10.0
     args = parse_run_args(run_parser(), ["--time-budget", "0"])
@@ -112,7 +116,7 @@ def test_time_budget_zero_means_no_budget():
 
 
 def test_negative_time_budget_is_an_error(capsys):
-    from keras_attn.training import parse_run_args
+    parse_run_args = cli().parse_run_args
 
     with pytest.raises(SystemExit):
         parse_run_args(run_parser(), ["--time-budget", "-1"])
@@ -131,10 +135,8 @@ def budget_on_a_fake_clock(monkeypatch, seconds):
     """A `TimeBudget` of `seconds` on a clock the test moves, and its model."""
     import types
 
-    from keras_attn import training
-
     clock = Clock()
-    monkeypatch.setattr(training.time, "monotonic", clock)
+    monkeypatch.setattr(callbacks_module.time, "monotonic", clock)
     budget = TimeBudget(minutes=seconds / 60)
     model = types.SimpleNamespace(stop_training=False)
     budget.set_model(model)
@@ -214,10 +216,8 @@ def test_a_quicker_close_does_not_shrink_the_reserve(monkeypatch):
 
 
 def test_time_budget_without_start_counts_from_train_begin(monkeypatch):
-    from keras_attn import training
-
     clock = Clock()
-    monkeypatch.setattr(training.time, "monotonic", clock)
+    monkeypatch.setattr(callbacks_module.time, "monotonic", clock)
     budget = TimeBudget(minutes=1)
     assert budget.seconds == 0.0
     clock.now += 5.0
@@ -240,7 +240,7 @@ def test_hold_keeps_the_peak_then_decays_over_the_rest():
 
 
 def test_lr_hold_out_of_range_is_an_error(capsys):
-    from keras_attn.training import parse_run_args
+    parse_run_args = cli().parse_run_args
 
     parser = run_parser()
     parser.add_argument("--lr-hold", type=float, default=0.0)
@@ -250,10 +250,8 @@ def test_lr_hold_out_of_range_is_an_error(capsys):
     assert "--lr-hold must be in [0, 1)" in capsys.readouterr().err
 
 
-def fit_tiny_model(out, epochs, callbacks=()):
+def fit_tiny_model(out, epochs, callbacks=(), **kwargs):
     """`fit_within_budget` on a tiny regression; `callbacks` run first."""
-    import types
-
     import tensorflow as tf
 
     from keras_attn import training
@@ -261,15 +259,14 @@ def fit_tiny_model(out, epochs, callbacks=()):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(0.1), "mse")
     fit, extra_callbacks = model.fit, list(callbacks)
-    model.fit = lambda data, callbacks, **kwargs: fit(
-        data, callbacks=[*extra_callbacks, *callbacks], **kwargs
+    model.fit = lambda data, callbacks, **fit_kwargs: fit(
+        data, callbacks=[*extra_callbacks, *callbacks], **fit_kwargs
     )
     x, y = np.ones((8, 2), "float32"), np.zeros((8, 1), "float32")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
-    args = types.SimpleNamespace(
-        time_budget=10.0, ema_momentum=0.0, epochs=epochs, verbose=0
+    return training.fit_within_budget(
+        model, data, data, out, epochs=epochs, minutes=10.0, verbose=0, **kwargs
     )
-    return training.fit_within_budget(model, data, data, args, out)
 
 
 def recorded_seconds(out):
@@ -279,15 +276,20 @@ def recorded_seconds(out):
 
 
 @pytest.mark.tf_only
-def test_a_rerun_of_a_finished_run_gets_the_whole_budget_again(tmp_path):
-    fit_tiny_model(tmp_path, epochs=2)
-    assert not (tmp_path / "backup").exists()  # the run finished
+def test_a_finished_fit_is_not_repeated(tmp_path):
+    first = fit_tiny_model(tmp_path, epochs=2)
+    assert not (tmp_path / "backup").exists()  # the fit finished
+    assert first.steps == 4 and not first.skipped
     assert recorded_seconds(tmp_path) > 0
-    # The same --out again: the finished run's time is not this run's.
-    _, steps, budget = fit_tiny_model(tmp_path, epochs=2)
-    assert budget.spent_before == 0.0
-    assert steps == 4  # a fresh run: two epochs of two batches
-    assert recorded_seconds(tmp_path) == pytest.approx(budget.seconds, abs=1.0)
+    # The same directory again: the finished fit is found, nothing trains.
+    again = fit_tiny_model(tmp_path, epochs=2)
+    assert again.skipped and again.steps == 4 and again.seconds == 0.0
+    assert again.final_train_loss == first.final_train_loss
+    # Without its record the directory trains anew, with the whole budget.
+    (tmp_path / "done.json").unlink()
+    fresh = fit_tiny_model(tmp_path, epochs=2)
+    assert fresh.budget.spent_before == 0.0 and fresh.steps == 4
+    assert recorded_seconds(tmp_path) == pytest.approx(fresh.budget.seconds, abs=1.0)
 
 
 @pytest.mark.tf_only
@@ -302,7 +304,31 @@ def test_a_resumed_run_counts_the_time_the_interrupted_run_spent(tmp_path):
     assert (tmp_path / "backup").exists()
     spent = recorded_seconds(tmp_path)
     assert spent > 0
-    _, steps, budget = fit_tiny_model(tmp_path, epochs=2)
-    assert budget.spent_before == spent
-    assert steps == 4  # epoch 0 restored from the backup, epoch 1 trained
+    result = fit_tiny_model(tmp_path, epochs=2)
+    assert result.budget.spent_before == spent
+    assert result.steps == 4  # epoch 0 restored from the backup, epoch 1 trained
     assert not (tmp_path / "backup").exists()
+
+
+@pytest.mark.tf_only
+def test_max_steps_stops_mid_epoch_and_ends_the_schedule_there(tmp_path):
+    rates = []
+
+    class Rates(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            rates.append(
+                float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            )
+
+    result = fit_tiny_model(
+        tmp_path,
+        epochs=5,
+        callbacks=[Rates()],
+        max_steps=3,
+        learning_rate=1.0,
+        steps_per_epoch=2,
+        decay_alpha=0.0,
+    )
+    assert result.steps == 3  # not the 10 of 5 epochs, nor the 4 of 2
+    # The cosine runs over the 3 steps: 1, cos(pi / 3) share, cos(2 pi / 3).
+    np.testing.assert_allclose(rates, [1.0, 0.75, 0.25], atol=1e-6)

@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 
 from keras_attn import training
+from keras_attn.training import fit as fit_module
+from tests.test_case import load_example
+
+cli = load_example("_cli")
 
 MOMENTUM = 0.5
 STEPS_PER_EPOCH = 4
@@ -18,12 +22,10 @@ STEPS_PER_EPOCH = 4
 
 def run_args(ema_momentum):
     parser = argparse.ArgumentParser()
-    training.add_run_arguments(
-        parser, out="runs/x", epochs=3, time_budget=0.0, batch_size=8
-    )
+    cli.add_run_arguments(parser, out="runs/x", epochs=3, time_budget=0.0, batch_size=8)
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--weight-decay", type=float, default=0.0)
-    return training.parse_run_args(
+    return cli.parse_run_args(
         parser, ["--ema-momentum", str(ema_momentum), "--time-budget", "0"]
     )
 
@@ -38,7 +40,7 @@ def data():
 def compiled_model(args):
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    model.compile(optimizer=training.make_optimizer(args), loss="mse")
+    model.compile(optimizer=cli.make_optimizer(args), loss="mse")
     return model
 
 
@@ -181,19 +183,17 @@ def test_an_interrupted_run_resumes_to_the_same_average(tmp_path):
 
 
 def test_make_optimizer_keeps_an_average_only_when_asked():
-    assert not training.make_optimizer(run_args(0.0)).use_ema
-    optimizer = training.make_optimizer(run_args(0.999))
+    assert not cli.make_optimizer(run_args(0.0)).use_ema
+    optimizer = cli.make_optimizer(run_args(0.999))
     assert optimizer.use_ema and optimizer.ema_momentum == 0.999
 
 
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.1"])
 def test_ema_momentum_out_of_range_is_an_error(value, capsys):
     parser = argparse.ArgumentParser()
-    training.add_run_arguments(
-        parser, out="runs/x", epochs=3, time_budget=1.0, batch_size=8
-    )
+    cli.add_run_arguments(parser, out="runs/x", epochs=3, time_budget=1.0, batch_size=8)
     with pytest.raises(SystemExit):
-        training.parse_run_args(parser, ["--ema-momentum", value])
+        cli.parse_run_args(parser, ["--ema-momentum", value])
     assert f"--ema-momentum must be in [0, 1) (0: off). Received: {float(value)}" in (
         capsys.readouterr().err
     )
@@ -235,7 +235,7 @@ def test_sentiment_script_validates_and_stops_with_the_average(tmp_path, monkeyp
         made.append(standard_callbacks(*args, **kwargs))
         return [*made[-1], probe]
 
-    monkeypatch.setattr(training, "standard_callbacks", recording)
+    monkeypatch.setattr(fit_module, "standard_callbacks", recording)
     out = tmp_path / "run"
     load_sentiment_script().main(
         [

@@ -3,18 +3,16 @@
 import numpy as np
 import pytest
 
-from keras_attn.models import (
+from keras_attn.memory import (
     NearestNeighborDecoding,
     TranslationDatastore,
+    choose_knn,
     knn_target_log_probs,
-    rnn_translator,
-    transformer_translator_states,
     translation_datastore,
     translation_states,
-    translator_adapter,
 )
-from keras_attn.text import START_ID
-from tests.models.test_transformer import SOURCE, TARGET, small_translator
+from keras_attn.models import RNNTranslator
+from tests.models.test_transformer_translator import SOURCE, TARGET, small_translator
 from tests.test_case import to_numpy
 
 # Targets: TARGET shifted left (what each decoder position predicts).
@@ -38,28 +36,10 @@ def brute_force_knn(query, store, k, temperature, vocabulary_size):
     return probabilities
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [{}, {"normalize_first": True, "tie_embeddings": False}],
-    ids=["post_norm_tied", "pre_norm_untied"],
-)
-def test_states_are_what_the_output_projection_sees(kwargs):
-    model = small_translator(**kwargs)
-    inputs = {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
-    states, logits = transformer_translator_states(model)(inputs)
-    assert tuple(states.shape) == (2, 5, 16)
-    np.testing.assert_allclose(to_numpy(logits), to_numpy(model(inputs)), atol=1e-6)
-    if kwargs.get("tie_embeddings", True):
-        projected = model.get_layer("target_embedding")(states, reverse=True)
-    else:
-        projected = model.get_layer("logits")(states)
-    np.testing.assert_allclose(to_numpy(projected), to_numpy(logits), atol=1e-5)
-
-
 def test_the_datastore_keeps_each_non_padding_target_and_its_state():
     model = small_translator()
     store = translation_datastore(model, batches())
-    states, _ = transformer_translator_states(model)(
+    states, _ = model.call_with_states(
         {"encoder_inputs": SOURCE, "decoder_inputs": TARGET}
     )
     keep = LABELS != 0
@@ -97,12 +77,12 @@ def test_the_datastore_survives_a_save_and_load(tmp_path):
 def first_step(model, knn, reference_store):
     """The mixed first decoding step's probabilities `(2, vocab)`, and the
     brute-force mixture of the model with `reference_store`'s neighbours."""
-    plain = translator_adapter(model)
-    mixed = translator_adapter(model, nearest_neighbors=knn)
-    start = np.full((2, 1), START_ID, "int32")
-    logits, _ = plain.next_fn(start, plain.encode(SOURCE, 6), 0)
-    log_probs, _ = mixed.next_fn(start, mixed.encode(SOURCE, 6), 0)
-    states, _ = transformer_translator_states(model)(
+    start = np.full((2, 1), 2, "int32")  # the start token
+    logits, _ = model.call_with_cache(start, model.encode(SOURCE, 6), 0)
+    log_probs, _ = model.call_with_cache(
+        start, model.encode(SOURCE, 6), 0, nearest_neighbors=knn
+    )
+    states, _ = model.call_with_states(
         {"encoder_inputs": SOURCE, "decoder_inputs": start}
     )
     logits = to_numpy(logits)[:, -1].astype("float64")
@@ -154,10 +134,8 @@ def test_beam_search_with_a_zero_weight_is_the_models_own():
     model = small_translator()
     store = translation_datastore(model, batches())
     knn = NearestNeighborDecoding(store, k=3, temperature=1.0, lam=0.0)
-    plain, _ = translator_adapter(model).beam_search_fn(6, beam_width=3)(SOURCE)
-    mixed, _ = translator_adapter(model, nearest_neighbors=knn).beam_search_fn(
-        6, beam_width=3
-    )(SOURCE)
+    plain, _ = model.translate_ids(SOURCE, 6, beam_width=3)
+    mixed, _ = model.translate_ids(SOURCE, 6, beam_width=3, nearest_neighbors=knn)
     np.testing.assert_array_equal(to_numpy(mixed), to_numpy(plain))
 
 
@@ -167,9 +145,8 @@ def test_a_dominant_datastore_steers_greedy_decoding():
     store = translation_datastore(model, batches())
     store = TranslationDatastore(store.keys, np.full(len(store), 11), 30)
     knn = NearestNeighborDecoding(store, k=5, temperature=10.0, lam=0.99)
-    tokens = to_numpy(
-        translator_adapter(model, nearest_neighbors=knn).greedy_fn(4)(SOURCE)
-    )
+    tokens, _ = model.translate_ids(SOURCE, 4, beam_width=1, nearest_neighbors=knn)
+    tokens = to_numpy(tokens)
     np.testing.assert_array_equal(tokens, np.full((2, 4), 11))
 
 
@@ -252,9 +229,48 @@ def test_bad_arguments_are_named(make, message):
 
 
 def test_the_rnn_translator_is_refused():
-    model = rnn_translator(30, 30, embedding_dim=8, units=12, dropout=0.0)
+    model = RNNTranslator(30, 30, embedding_dim=8, units=12, dropout=0.0)
     store = TranslationDatastore(np.zeros((2, 24), "float32"), [0, 1], 30)
     with pytest.raises(ValueError, match="needs a Transformer translator"):
-        translator_adapter(model, nearest_neighbors=NearestNeighborDecoding(store, k=1))
-    with pytest.raises(ValueError, match="Received: an RNN translator"):
-        transformer_translator_states(model)
+        model.translate_ids(
+            SOURCE, 4, nearest_neighbors=NearestNeighborDecoding(store, k=1)
+        )
+    with pytest.raises(ValueError, match="kNN-MT needs a Transformer translator"):
+        translation_states(model, batches())
+
+
+def test_the_validation_search_keeps_the_setting_of_lowest_loss():
+    model = small_translator()
+    store = translation_datastore(model, batches())
+    knn, report = choose_knn(
+        model, store, batches()[:1], k=(2, 40), temperature=(1.0, 5.0), lam=(0.0, 0.5)
+    )
+    trials, model_nats = report["trials"], report["model_validation_nats_per_token"]
+    # k is capped at the datastore's 18 entries; every combination is tried.
+    assert [(t["k"], t["temperature"], t["lambda"]) for t in trials] == [
+        (k, t, lam) for k in (2, 18) for t in (1.0, 5.0) for lam in (0.0, 0.5)
+    ]
+    found = translation_states(model, batches()[:1], log_probs=True)
+    np.testing.assert_allclose(model_nats, -found["log_probs"].mean(), rtol=1e-6)
+    for trial in trials:  # each loss is the brute-force mixture's
+        expected = []
+        for state, target, log_prob in zip(
+            found["states"], found["targets"], found["log_probs"], strict=True
+        ):
+            probs = brute_force_knn(state, store, trial["k"], trial["temperature"], 30)
+            lam = trial["lambda"]
+            expected.append(np.log((1 - lam) * np.exp(log_prob) + lam * probs[target]))
+        np.testing.assert_allclose(
+            trial["validation_nats_per_token"], -np.mean(expected), rtol=1e-4
+        )
+        if trial["lambda"] == 0.0:
+            np.testing.assert_allclose(
+                trial["validation_nats_per_token"], model_nats, rtol=1e-6
+            )
+    best = min(trials, key=lambda trial: trial["validation_nats_per_token"])
+    assert (knn.k, knn.temperature, knn.lam) == (
+        best["k"], best["temperature"], best["lambda"]
+    )  # fmt: skip
+    assert (report["k"], report["lambda"]) == (knn.k, knn.lam)
+    assert report["validation_nats_per_token"] == best["validation_nats_per_token"]
+    assert report["datastore_entries"] == 18 and report["key_dtype"] == "float32"

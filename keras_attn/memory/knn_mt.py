@@ -6,15 +6,14 @@ more, teacher-forced, and a datastore keeps the decoder's last hidden state at
 every target position with the token that came next. While decoding, each
 step's hidden state looks up its `k` nearest states in the datastore; their
 next tokens get `softmax(-squared distance / temperature)`, and the step's
-distribution is `(1 - lam) * p_model + lam * p_knn` (the ops are in
-`keras_attn.ops.nearest_neighbors`). Nothing is trained: `k`, `temperature`
-and `lam` are chosen on held-out pairs, e.g. by the mixture's log-likelihood
-of their references (`knn_target_log_probs`).
+distribution is `(1 - lam) * p_model + lam * p_knn` (the search and the
+mixture are `keras_attn.memory.nearest_neighbors`). Nothing is trained: `k`,
+`temperature` and `lam` are chosen on held-out pairs by the mixture's
+log-likelihood of their references (`choose_knn`).
 
-    store = translation_datastore(model, train_batches)
-    knn = NearestNeighborDecoding(store, k=64, temperature=30.0, lam=0.3)
-    adapter = translator_adapter(model, nearest_neighbors=knn)
-    decode = adapter.beam_search_fn(max_length=40, beam_width=4)
+    store = translation_datastore(translator, train_batches)
+    knn, report = choose_knn(translator, store, validation_batches)
+    translator.translate(["Where is the station?"], nearest_neighbors=knn)
 """
 
 from __future__ import annotations
@@ -29,12 +28,13 @@ import numpy as np
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.ops.nearest_neighbors import (
+from keras_attn.memory.nearest_neighbors import (
     knn_mixture_log_probs,
     knn_probabilities,
     knn_weights,
     nearest_neighbors,
 )
+from keras_attn.memory.search import grid_search
 
 KEY_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -111,12 +111,13 @@ def _batches_with_targets(dataset):
         yield batch[0], batch[1]
 
 
-def translation_states(model, dataset, *, log_probs: bool = False) -> dict:
+def translation_states(translator, dataset, *, log_probs: bool = False) -> dict:
     """A Transformer translator's teacher-forced decoder states at every
     non-padding target of `dataset` (id != 0, the end token included).
 
     Args:
-        model: a `transformer_translator` or `bert_transformer_translator`.
+        translator: a `keras_attn.models.TransformerTranslator` (anything
+            with `call_with_states(inputs) -> (states, logits)`).
         dataset: batches `({"encoder_inputs", "decoder_inputs"}, targets[,
             sample_weight])`, e.g. `translation_dataset(pairs, ...,
             shuffle=False)`.
@@ -126,16 +127,18 @@ def translation_states(model, dataset, *, log_probs: bool = False) -> dict:
         `{"states": (N, d) float32, "targets": (N,) int32}` numpy arrays, and
         `"log_probs": (N,) float32` with `log_probs=True`.
     """
-    from keras_attn.models.transformer import transformer_translator_states
-
-    states_model = transformer_translator_states(model)
+    if not hasattr(translator, "call_with_states"):
+        raise ValueError(
+            "kNN-MT needs a Transformer translator's decoder states. Received: "
+            f"{type(translator).__name__} {getattr(translator, 'name', '')!r}"
+        )
     columns = {"states": [], "targets": [], "log_probs": []}
     for inputs, targets in _batches_with_targets(dataset):
-        states, logits = states_model(inputs, training=False)
+        states, logits = translator.call_with_states(inputs, training=False)
         targets = np.asarray(targets)
         keep = targets != 0
         columns["states"].append(
-            np.asarray(ops.convert_to_numpy(states), "float32")[keep]
+            np.asarray(ops.convert_to_numpy(ops.cast(states, "float32")))[keep]
         )
         columns["targets"].append(targets[keep].astype("int32"))
         if log_probs:
@@ -147,12 +150,12 @@ def translation_states(model, dataset, *, log_probs: bool = False) -> dict:
     return {name: np.concatenate(parts) for name, parts in columns.items() if parts}
 
 
-def translation_datastore(model, dataset) -> TranslationDatastore:
+def translation_datastore(translator, dataset) -> TranslationDatastore:
     """The datastore of a Transformer translator over `dataset`'s pairs:
     `translation_states` as keys, their targets as values.
 
     Args:
-        model: a `transformer_translator` or `bert_transformer_translator`.
+        translator: a `keras_attn.models.TransformerTranslator`.
         dataset: batches as `translation_states` reads them, e.g.
             `translation_dataset(train_pairs, ..., shuffle=False)`; every
             non-padding target gives one entry.
@@ -161,9 +164,9 @@ def translation_datastore(model, dataset) -> TranslationDatastore:
         A `TranslationDatastore` (about `4 * d` bytes per target token: 300 MB
         for 200k tokens at d = 384).
     """
-    found = translation_states(model, dataset)
+    found = translation_states(translator, dataset)
     return TranslationDatastore(
-        found["states"], found["targets"], int(model.output.shape[-1])
+        found["states"], found["targets"], int(translator.target_vocabulary_size)
     )
 
 
@@ -263,7 +266,8 @@ class NearestNeighborDecoding:
 
     def mix_fn(self):
         """`mix(states (N, d), logits (N, V)) -> (N, V)` float32 log-probabilities
-        of the mixture (reading the datastore from `weights_layer()`)."""
+        of the mixture (reading the datastore from `weights_layer()`): what a
+        translator's decoding step returns instead of its logits."""
         # A module-level function: AutoGraph cannot read the source of a
         # function nested in a class body (it logs a warning per trace).
         return functools.partial(_mix, self, self.weights_layer())
@@ -331,3 +335,104 @@ def knn_target_log_probs(
         lam,
     )
     return np.asarray(ops.convert_to_numpy(mixed), "float32")[:, 0]
+
+
+def choose_knn(
+    translator,
+    datastore: TranslationDatastore,
+    validation_data,
+    *,
+    k=(32, 64, 128),
+    temperature=(10.0, 30.0, 100.0),
+    lam=(0.1, 0.2, 0.3, 0.4, 0.5),
+    key_dtype: str = "float32",
+    query_chunk_size: int = 1024,
+):
+    """The kNN-MT setting with the lowest loss on held-out references.
+
+    The validation targets' decoder states search the datastore once, for
+    the largest `k` tried; every setting is then scored from those
+    neighbours by the mixture's log-likelihood of the references
+    (`knn_target_log_probs`).
+
+    Args:
+        translator: the Transformer translator the datastore was built from.
+        datastore: a `TranslationDatastore`.
+        validation_data: batches as `translation_states` reads them.
+        k, temperature, lam: the values tried (every combination; a `k`
+            above the datastore's size counts as its size).
+        key_dtype: the chosen decoding's `key_dtype`.
+        query_chunk_size: validation states searched at once.
+
+    Returns:
+        `(decoding, report)`: the best `NearestNeighborDecoding`, and a dict
+        of the choice: its `k`, `temperature`, `lambda`, `key_dtype`,
+        `datastore_entries`, `validation_nats_per_token` (the mixture's
+        negative log-likelihood per reference token),
+        `model_validation_nats_per_token` (the model's alone) and `trials`
+        (one dict per setting tried: `k`, `temperature`, `lambda`,
+        `validation_nats_per_token`).
+    """
+    scores = translation_states(translator, validation_data, log_probs=True)
+    largest_k = min(max(k), len(datastore))
+    distances, indices = [], []
+    for start in range(0, len(scores["targets"]), query_chunk_size):
+        found_distances, found_indices = nearest_neighbors(
+            scores["states"][start : start + query_chunk_size],
+            datastore.keys,
+            largest_k,
+        )
+        distances.append(np.asarray(ops.convert_to_numpy(found_distances)))
+        indices.append(np.asarray(ops.convert_to_numpy(found_indices)))
+    distances = np.concatenate(distances)
+    neighbor_values = datastore.values[np.concatenate(indices)]
+
+    def nats_per_token(k, temperature, lam):
+        log_probs = knn_target_log_probs(
+            scores["log_probs"],
+            distances,
+            neighbor_values,
+            scores["targets"],
+            k=k,
+            temperature=temperature,
+            lam=lam,
+        )
+        return -float(np.mean(log_probs, dtype="float64"))
+
+    best, trials = grid_search(
+        nats_per_token,
+        k=sorted({min(value, largest_k) for value in k}),
+        temperature=temperature,
+        lam=lam,
+    )
+    decoding = NearestNeighborDecoding(
+        datastore,
+        k=best["k"],
+        temperature=best["temperature"],
+        lam=best["lam"],
+        key_dtype=key_dtype,
+    )
+    trials = [
+        {
+            "k": trial["k"],
+            "temperature": trial["temperature"],
+            "lambda": trial["lam"],
+            "validation_nats_per_token": trial["loss"],
+        }
+        for trial in trials
+    ]
+    report = {
+        "k": decoding.k,
+        "temperature": decoding.temperature,
+        "lambda": decoding.lam,
+        "key_dtype": key_dtype,
+        "datastore_entries": len(datastore),
+        "validation_nats_per_token": min(
+            trial["validation_nats_per_token"] for trial in trials
+        ),
+        "model_validation_nats_per_token": -float(
+            np.mean(scores["log_probs"], dtype="float64")
+        ),
+        "trials": trials,
+    }
+    return decoding, report

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from keras_attn.ops import (
+from keras_attn.memory import (
     knn_mixture_log_probs,
     knn_probabilities,
     knn_weights,

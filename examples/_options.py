@@ -1,0 +1,504 @@
+"""The example scripts' own options (their shared ones are in `_cli.py`):
+`translate_args`, `sentiment_args`, `language_model_args`."""
+
+from __future__ import annotations
+
+import argparse
+
+from _cli import (
+    HelpFormatter,
+    add_pretrained_argument,
+    add_run_arguments,
+    inherit_run_options,
+    number_list,
+    parse_run_args,
+    pretrained_mode,
+)
+
+TRANSLATOR_SIZES = {
+    "small": (128, 2, 4, 512),
+    "base": (256, 3, 8, 1024),
+}  # d, layers, heads, ff
+# Defaults that depend on --pretrained, chosen on the validation split.
+TRANSLATE_DEFAULTS = {
+    "pretrained": {"dropout": 0.1, "learning_rate": 3e-4, "lr_hold": 0.5},
+    "scratch": {"dropout": 0.2, "learning_rate": 1e-3, "lr_hold": 0.8},
+}
+# What --evaluate-only takes from the run it scores.
+TRANSLATE_RUN_OPTIONS = ("data", "alternatives", "phrases", "max_length", "smoke")
+
+
+def translate_args(argv=None):
+    """`examples/translate.py`'s options."""
+    parser = argparse.ArgumentParser(
+        description="Train an English -> German translator.",
+        formatter_class=HelpFormatter,
+    )
+    add = parser.add_argument
+    add("--data", default=None, help="english<TAB>german file; default: Ding pairs")
+    add(
+        "--alternatives",
+        choices=["keep", "first", "drop"],
+        default="keep",
+        help="Ding entries with a/b alternatives (keep: the documented split)",
+    )
+    add(
+        "--phrases",
+        action="store_true",
+        help="also train on the Ding phrase pairs of the training split",
+    )
+    add("--model", choices=["transformer", "rnn"], default="transformer")
+    add(
+        "--attention",
+        default="bahdanau",
+        choices=["bahdanau", "luong_dot", "luong_general", "luong_concat"],
+        help="the RNN translator's attention",
+    )
+    add_pretrained_argument(
+        parser, None, "the Transformer", "minilm for the Transformer, none for the RNN"
+    )
+    add(
+        "--size",
+        choices=sorted(TRANSLATOR_SIZES),
+        default=None,
+        help="from scratch only; default: base",
+    )
+    add(
+        "--vocabulary-size",
+        type=int,
+        default=8000,
+        help="the shared English+German SentencePiece vocabulary (with "
+        "--pretrained: the German one)",
+    )
+    add("--max-length", type=int, default=40, help="tokens per side")
+    add(
+        "--subword-sampling",
+        type=float,
+        default=0.0,
+        metavar="ALPHA",
+        help="train on segmentations sampled with this alpha (0: off)",
+    )
+
+    def both(flag):
+        pretrained, scratch = (
+            TRANSLATE_DEFAULTS["pretrained"][flag],
+            TRANSLATE_DEFAULTS["scratch"][flag],
+        )
+        return f"default: {pretrained} (pretrained), {scratch} (from scratch)"
+
+    add("--dropout", type=float, default=None, help=both("dropout"))
+    add("--learning-rate", type=float, default=None, help=both("learning_rate"))
+    add("--warmup-steps", type=int, default=400)
+    add(
+        "--lr-hold",
+        type=float,
+        default=None,
+        help="share of the run at the peak learning rate; " + both("lr_hold"),
+    )
+    add("--weight-decay", type=float, default=0.1)
+    add("--label-smoothing", type=float, default=0.1)
+    add("--beam-width", type=int, default=4)
+    add(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        help="GNMT length penalty of the beam search (0: none)",
+    )
+    add(
+        "--test-sentences",
+        type=int,
+        default=None,
+        help="score only the first N validation and test pairs",
+    )
+    add(
+        "--knn",
+        action="store_true",
+        help="also decode with kNN-MT (Transformer only): a datastore of the "
+        "training pairs' decoder states, the setting chosen on validation "
+        "(adds 20-30 minutes on two cores on the default data)",
+    )
+    add(
+        "--knn-k",
+        type=number_list(int, positive=True),
+        default="32,64,128",
+        metavar="K[,K...]",
+        help="neighbours per step tried on validation",
+    )
+    add(
+        "--knn-temperature",
+        type=number_list(float, positive=True),
+        default="10,30,100",
+        metavar="T[,T...]",
+        help="temperatures tried",
+    )
+    add(
+        "--knn-lambda",
+        type=number_list(float, 0, 1),
+        default="0.1,0.2,0.3,0.4,0.5",
+        metavar="L[,L...]",
+        help="the neighbours' weights in the mixture tried",
+    )
+    add(
+        "--knn-length-penalty",
+        type=number_list(float, 0),
+        default="1.0,1.5",
+        metavar="A[,A...]",
+        help="length penalties of the kNN-MT beam search tried "
+        "(highest validation BLEU)",
+    )
+    add(
+        "--knn-phrases",
+        action="store_true",
+        help="put the Ding phrase pairs of the training split in the datastore too",
+    )
+    add(
+        "--knn-key-dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="dtype of the datastore's keys (auto: the compute "
+        "dtype of --mixed-precision)",
+    )
+    add(
+        "--export-knn",
+        action="store_true",
+        help="export with the kNN-MT decoding (the datastore in the export)",
+    )
+    add_run_arguments(
+        parser, out="runs/translation", epochs=40, time_budget=25.0, batch_size=64
+    )
+    known, _ = parser.parse_known_args(argv)
+    if known.pretrained is None:
+        parser.set_defaults(pretrained="none" if known.model == "rnn" else "minilm")
+    mode = pretrained_mode(parser, argv)
+    parser.set_defaults(**TRANSLATE_DEFAULTS[mode])
+    args = parse_run_args(parser, argv)
+    inherit_run_options(args, TRANSLATE_RUN_OPTIONS)
+    scratch_only = [
+        flag
+        for flag, given in (
+            ("--model rnn", args.model == "rnn"),
+            ("--size", args.size is not None),
+            ("--subword-sampling", args.subword_sampling > 0),
+        )
+        if given
+    ]
+    if mode == "pretrained" and scratch_only:
+        parser.error(
+            f"{', '.join(scratch_only)} apply to translators trained from scratch: "
+            "add --pretrained none. Received: "
+            f"{', '.join(scratch_only)} with --pretrained {args.pretrained}"
+        )
+    if mode == "scratch" and args.size is None:
+        args.size = "base"
+    for flag, given in (
+        ("--phrases", args.phrases),
+        ("--knn-phrases", args.knn_phrases),
+    ):
+        if given and args.data:
+            parser.error(
+                f"{flag} adds the Ding phrase pairs and needs the default data. "
+                f"Received: --data {args.data}"
+            )
+    if args.length_penalty < 0:
+        parser.error(
+            f"--length-penalty must be 0 or more. Received: {args.length_penalty}"
+        )
+    if args.subword_sampling < 0:
+        parser.error(
+            "--subword-sampling must be 0 (off) or a positive alpha. "
+            f"Received: {args.subword_sampling}"
+        )
+    conflict = [
+        flag
+        for flag, given in (
+            ("no --knn", not args.knn),
+            ("--no-export", args.no_export),
+            ("--model rnn", args.model == "rnn"),
+        )
+        if given
+    ]
+    if args.export_knn and conflict:
+        parser.error(
+            "--export-knn exports the Transformer's kNN-MT decoding. "
+            f"Received: --export-knn with {', '.join(conflict)}"
+        )
+    if args.knn and args.model == "rnn":
+        parser.error("--knn decodes the Transformer. Received: --knn with --model rnn")
+    if args.smoke:
+        args.vocabulary_size, args.max_length, args.warmup_steps = 400, 16, 5
+        args.size = args.size and "small"
+    return args
+
+
+EXTRA_DOMAINS = ("amazon", "nyt", "tweets")
+# Defaults that depend on --pretrained. Fine-tuning a pretrained encoder:
+# BERT's fine-tuning recipe (Devlin et al., 2019: AdamW 5e-5, warm-up, decay to
+# 0, a few epochs, dropout 0.1), mean pooling chosen on the validation split
+# (attention pooling tied it). From scratch: chosen on the validation split.
+SENTIMENT_DEFAULTS = {
+    "pretrained": {
+        "dropout": 0.1,
+        "pooling": "mean",
+        "learning_rate": 5e-5,
+        "ensemble": 1,
+        "epochs": 3,
+    },
+    "scratch": {
+        "vocabulary_size": 8000,
+        "embedding_dim": 128,
+        "num_layers": 1,
+        "num_heads": 4,
+        "intermediate_dim": 256,
+        "dropout": 0.3,
+        "pooling": "attention",
+        "learning_rate": 1e-3,
+        "ensemble": 5,
+        "epochs": 10,
+    },
+}
+# The pretrained encoder fixes these.
+SCRATCH_ONLY = (
+    "vocabulary_size",
+    "embedding_dim",
+    "num_layers",
+    "num_heads",
+    "intermediate_dim",
+)
+WARMUP_SHARE = 0.1  # of a fine-tuning run's steps
+# What --evaluate-only takes from the run it scores.
+SENTIMENT_RUN_OPTIONS = ("data", "max_length", "smoke")
+
+
+def sentiment_args(argv=None):
+    """`examples/sentiment.py`'s options."""
+    parser = argparse.ArgumentParser(
+        description="Train the attention-based sentiment classifier.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument(
+        "--data", default=None, help="label<TAB>text file; default: the movie sentences"
+    )
+    parser.add_argument(
+        "--extra-domains",
+        default="",
+        help="comma-separated rated sentences of other domains to train on as "
+        "well (their training splits): amazon, nyt, tweets; validation and "
+        "test stay the movie sentences",
+    )
+    add_pretrained_argument(parser, "minilm", "the classifier")
+    scratch = SENTIMENT_DEFAULTS["scratch"]
+    pretrained = SENTIMENT_DEFAULTS["pretrained"]
+    for flag in SCRATCH_ONLY:
+        parser.add_argument(
+            f"--{flag.replace('_', '-')}",
+            type=int,
+            default=None,
+            help=f"from scratch only; default: {scratch[flag]}",
+        )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=64,
+        help="tokens per sentence (longer ones are truncated)",
+    )
+
+    def both(flag):
+        return f"{pretrained[flag]} (pretrained), {scratch[flag]} (from scratch)"
+
+    parser.add_argument(
+        "--dropout", type=float, default=None, help="default: " + both("dropout")
+    )
+    parser.add_argument(
+        "--pooling",
+        choices=["mean", "attention"],
+        default=None,
+        help="default: " + both("pooling"),
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="default: " + both("learning_rate"),
+    )
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=2,
+        help="early stopping patience (epochs without a better validation accuracy)",
+    )
+    parser.add_argument(
+        "--ensemble",
+        type=int,
+        default=None,
+        help="train this many classifiers (seeds seed..seed+N-1) "
+        "within the budget and average their probabilities; default: "
+        + both("ensemble"),
+    )
+    parser.add_argument("--label-smoothing", type=float, default=0.0)
+    add_run_arguments(
+        parser,
+        out="runs/sentiment",
+        epochs=both("epochs"),
+        time_budget=10.0,
+        batch_size=32,
+    )
+    mode = pretrained_mode(parser, argv)
+    defaults = dict(SENTIMENT_DEFAULTS[mode])
+    parser.set_defaults(default_epochs=defaults.pop("epochs"), **defaults)
+    args = parse_run_args(parser, argv)
+    inherit_run_options(args, SENTIMENT_RUN_OPTIONS)
+    if mode == "pretrained":
+        given = [f for f in SCRATCH_ONLY if getattr(args, f) is not None]
+        if given:
+            flags = ", ".join(f"--{f.replace('_', '-')}" for f in given)
+            parser.error(
+                f"{flags} set the size of a classifier trained from scratch "
+                "(--pretrained none); a pretrained encoder fixes it. Received: "
+                f"{flags} with --pretrained {args.pretrained}"
+            )
+    args.extra_domains = [d for d in args.extra_domains.split(",") if d.strip()]
+    unknown = sorted(set(args.extra_domains) - set(EXTRA_DOMAINS))
+    if unknown:
+        parser.error(
+            f"--extra-domains takes {', '.join(EXTRA_DOMAINS)}. Received: {unknown}"
+        )
+    if args.extra_domains and args.data:
+        parser.error(
+            "--extra-domains adds rated sentences to the default movie data. "
+            f"Received: --data {args.data}"
+        )
+    if args.smoke:
+        if mode == "scratch":
+            args.vocabulary_size = min(args.vocabulary_size, 400)
+            args.embedding_dim, args.num_heads, args.intermediate_dim = 16, 2, 32
+        args.max_length = 32
+    return args
+
+
+# What --evaluate-only takes from the run it scores.
+LANGUAGE_MODEL_RUN_OPTIONS = ("data", "sequence_length", "smoke")
+
+
+def language_model_args(argv=None):
+    """`examples/language_model.py`'s options."""
+    parser = argparse.ArgumentParser(
+        description="Train a Transformer language model.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="text file or directory; default: Shakespeare's plays",
+    )
+    parser.add_argument(
+        "--vocabulary-size",
+        type=int,
+        default=4000,
+        help="lossless SentencePiece vocabulary (chosen on the validation plays: "
+        "4,000 beat 2,000 and 8,000)",
+    )
+    parser.add_argument(
+        "--sequence-length",
+        type=int,
+        default=128,
+        help="tokens per training window (the model's context); with "
+        "--batch-size 64, 8,192 tokens per step",
+    )
+    parser.add_argument("--embedding-dim", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--intermediate-dim", type=int, default=512)
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="dropout rate of the blocks (0: none; in 15 minutes the "
+        "validation loss still falls to the end, and 0 beat 0.1 on the "
+        "validation plays)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=2e-3,
+        help="peak learning rate (chosen on the validation plays: 2e-3 beat "
+        "1e-3 and tied 3e-3)",
+    )
+    parser.add_argument(
+        "--eval-stride",
+        type=int,
+        default=0,
+        metavar="N",
+        help="score the final test and validation figures on strided windows: "
+        "windows of --sequence-length tokens every N tokens, each scoring its "
+        "last N targets (every target scored once, each after the first window "
+        "with at least sequence_length - N tokens of context; about "
+        "sequence_length / N times the compute; the figures of windows that do "
+        "not overlap are recorded too). 0 or --sequence-length: windows that do "
+        "not overlap, as in training and in the reported figures (a stride of "
+        "32 lowered the default model's test figure by 0.3%%)",
+    )
+    parser.add_argument(
+        "--cache-theta",
+        type=number_list(float),
+        default="0.025,0.05,0.1",
+        metavar="T[,T...]",
+        help="continuous cache (Grave et al. 2017; see README): the flatness "
+        "values of its softmax to try on the validation text",
+    )
+    parser.add_argument(
+        "--cache-lambda",
+        type=number_list(float),
+        default="0.1,0.2,0.3,0.4,0.5,0.6",
+        metavar="L[,L...]",
+        help="the cache's weights in the mixture to try on the validation text "
+        "(each in [0, 1))",
+    )
+    parser.add_argument(
+        "--cache-window",
+        type=int,
+        default=0,
+        metavar="N",
+        help="positions the cache remembers (0: the whole document so far)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="skip the continuous cache's evaluation (its validation search "
+        "scores the validation text once per --cache-theta value); the export's "
+        "score signature then uses the model alone",
+    )
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument(
+        "--lr-hold",
+        type=float,
+        default=0.8,
+        help="share of the run (steps or time budget) at the peak learning "
+        "rate before the cosine decay; 0: decay right after the warm-up",
+    )
+    add_run_arguments(
+        parser, out="runs/language_model", epochs=30, time_budget=15.0, batch_size=64
+    )
+    args = parse_run_args(parser, argv)
+    inherit_run_options(args, LANGUAGE_MODEL_RUN_OPTIONS)
+    if args.smoke:
+        args.vocabulary_size, args.sequence_length = 500, 32
+        args.embedding_dim, args.num_layers, args.num_heads = 32, 1, 2
+        args.intermediate_dim, args.warmup_steps = 64, 5
+    if not 0 <= args.eval_stride <= args.sequence_length:
+        parser.error(
+            "--eval-stride must be from 0 to --sequence-length "
+            f"({args.sequence_length}). Received: {args.eval_stride}"
+        )
+    if not all(theta > 0 for theta in args.cache_theta):
+        parser.error(f"--cache-theta values must be > 0. Received: {args.cache_theta}")
+    if not all(0 <= lam < 1 for lam in args.cache_lambda):
+        parser.error(
+            f"--cache-lambda values must be in [0, 1). Received: {args.cache_lambda}"
+        )
+    if args.cache_window < 0:
+        parser.error(f"--cache-window must be >= 0. Received: {args.cache_window}")
+    if args.eval_stride == 0:  # windows that do not overlap
+        args.eval_stride = args.sequence_length
+    return args

@@ -1,0 +1,478 @@
+"""`TransformerLanguageModel`: a decoder-only (GPT-style) next-token model."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn import _validation as v
+from keras_attn import generation
+from keras_attn._loops import map_chunks
+from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attn.models import _task
+
+PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerLanguageModel(keras.Model):
+    """Decoder-only next-token model (GPT-style) of causal decoder blocks.
+
+    Input `token_ids` `(batch, T)` (0 = padding); output float32 logits
+    `(batch, T, vocabulary_size)` predicting token `t + 1` at position `t`.
+    Pre-norm blocks and a final layer norm by default (as GPT-2), learned
+    positions, output projection tied to the token embedding.
+
+    Decoding over a KV cache: `initial_cache` and `call_with_cache` (the
+    `keras_attn.generation` contract), `generate_ids`; with a `tokenizer`,
+    `generate(prompts)` and `score(texts)` on raw strings and `export`.
+    `call_with_states` gives the last hidden states with the logits (what a
+    continuous cache remembers), `stream_log_probs` scores a dataset,
+    `attention_maps` gives the weights for plots.
+
+    Args:
+        vocabulary_size: token ids are in `[0, vocabulary_size)`.
+        sequence_length: the context (size of learned positions).
+        embedding_dim, num_layers, num_heads, intermediate_dim, dropout:
+            sizes of the blocks.
+        tie_embeddings: output projection = transposed token embedding.
+        normalize_first: pre-norm blocks and a final layer norm.
+        position: `"learned"` or `"sinusoidal"` positions.
+        tokenizer: the tokenizer of `generate`, `score` and `export`
+            (optional; a lossless `SubwordTokenizer`).
+        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int,
+        sequence_length: int = 256,
+        embedding_dim: int = 256,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        intermediate_dim: int = 1024,
+        dropout: float = 0.1,
+        tie_embeddings: bool = True,
+        normalize_first: bool = True,
+        position: str = "learned",
+        tokenizer=None,
+        **kwargs,
+    ):
+        kwargs.setdefault("name", "transformer_language_model")
+        v.check_positive_int("vocabulary_size", vocabulary_size)
+        v.check_positive_int("sequence_length", sequence_length)
+        v.check_positive_int("num_layers", num_layers)
+        v.check_rate("dropout", dropout)
+        tokenizer = _task.check_tokenizer("tokenizer", tokenizer)
+        token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+        self.embedding = TokenAndPositionEmbedding(
+            vocabulary_size,
+            sequence_length,
+            embedding_dim,
+            position=position,
+            mask_zero=True,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name="embedding",
+        )
+        x = self.embedding(token_ids)
+        x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+        self.decoder_blocks = []
+        for index in range(num_layers):
+            block = TransformerDecoderBlock(
+                num_heads=num_heads,
+                intermediate_dim=intermediate_dim,
+                dropout=dropout,
+                normalize_first=normalize_first,
+                name=f"decoder_{index}",
+            )
+            x = block(x)
+            self.decoder_blocks.append(block)
+        self.final_norm = None
+        if normalize_first:
+            self.final_norm = keras.layers.LayerNormalization(
+                epsilon=1e-5, name="final_norm"
+            )
+            x = self.final_norm(x)
+        states = x
+        if tie_embeddings:
+            self.logits_layer = keras.layers.Activation(
+                "linear", dtype="float32", name="logits"
+            )
+            logits = self.logits_layer(self.embedding(x, reverse=True))
+        else:
+            self.logits_layer = keras.layers.Dense(
+                vocabulary_size, dtype="float32", name="logits"
+            )
+            logits = self.logits_layer(x)
+        super().__init__(token_ids, logits, **kwargs)
+        # The same graph with the last states as a second output; kept out
+        # of Keras' tracking (it holds no state of its own).
+        object.__setattr__(
+            self, "_states_model", keras.Model(token_ids, [states, logits])
+        )
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.tie_embeddings = tie_embeddings
+        self.normalize_first = normalize_first
+        self.position = position
+        self.tokenizer = tokenizer
+
+    # -- the decoding contract -------------------------------------------------
+
+    def initial_cache(self, batch_size, max_length):
+        """A tuple, one `(key_cache, value_cache)` per block, each
+        `(batch, max_length, heads, head_dim)` zeros."""
+        return tuple(
+            block.initial_cache(batch_size, max_length) for block in self.decoder_blocks
+        )
+
+    def call_with_cache(self, token_ids, cache, index):
+        """Token ids `(batch, T)` at positions `index .. index + T - 1` (a
+        prompt chunk or one token) -> `(logits (batch, T, vocab) float32,
+        cache)`: the `keras_attn.generation` contract."""
+        x = self.embedding(token_ids, start_index=index)  # (B, T, d)
+        new_cache = []
+        for block, block_cache in zip(self.decoder_blocks, cache, strict=True):
+            x, block_cache = block(
+                x, self_attention_cache=block_cache, cache_update_index=index
+            )
+            new_cache.append(block_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if self.tie_embeddings:
+            logits = self.logits_layer(self.embedding(x, reverse=True))
+        else:
+            logits = self.logits_layer(x)
+        return logits, tuple(new_cache)
+
+    def call_with_states(self, token_ids, training=False):
+        """`(states (B, T, d), logits)`: the last hidden states (after the
+        final norm of a pre-norm model: what the output projection sees, and
+        what a continuous cache remembers) and the logits, one call of the
+        model's own graph."""
+        return self._states_model(token_ids, training=training)
+
+    def attention_maps(self, token_ids) -> dict:
+        """`{"self_attention": [(B, heads, T, T) float32 per block]}`, the
+        causal self-attention weights of every block."""
+        x = self.embedding(ops.convert_to_tensor(token_ids, "int32"))
+        maps = []
+        for block in self.decoder_blocks:
+            x, scores = block(x, return_attention_scores=True)
+            maps.append(ops.cast(scores["self_attention"], "float32"))
+        return {"self_attention": maps}
+
+    def generate_ids(
+        self,
+        prompt,
+        max_length: int,
+        sampler="greedy",
+        prompt_lengths=None,
+        end_token_id: int | None = END_ID,
+        seed=None,
+    ):
+        """Continue right-padded prompt ids `(B, T0)` to `max_length` tokens
+        over the KV cache: int32 `(B, max_length)`, the prompt, the new
+        tokens, then padding after the end token.
+
+        `sampler`: `"greedy"` or a `keras_attn.generation` sampler instance
+        (`TopKSampler(k=10, temperature=0.8)`, `TopPSampler`, `BeamSampler`,
+        ...); `seed` fixes a random sampler's draws.
+        """
+        prompt = ops.convert_to_tensor(prompt, "int32")
+        if sampler == "greedy":
+            sampler = generation.GreedySampler()
+        if not isinstance(sampler, generation.Sampler):
+            raise ValueError(
+                "`sampler` must be 'greedy' or a keras_attn.generation sampler. "
+                f"Received: sampler={sampler!r}"
+            )
+        cache = self.initial_cache(ops.shape(prompt)[0], max_length)
+        tokens = sampler(
+            self.call_with_cache,
+            prompt,
+            cache,
+            max_length,
+            prompt_lengths=prompt_lengths,
+            end_token_id=end_token_id,
+            pad_token_id=PAD_ID,
+            seed=seed,
+        )
+        return tokens[0] if isinstance(tokens, tuple) else tokens
+
+    # -- scoring ------------------------------------------------------------------
+
+    def score_ids(self, token_ids, continuous_cache=None, context_length=None):
+        """The log-likelihood of each row of token ids, in sliding windows.
+
+        Each row is one text: its tokens `[START, ..., END]` right-padded
+        with 0. Windows of `context_length` inputs (default
+        `sequence_length`) start every `context_length // 2` positions; a
+        window scores only the targets the previous one did not (each with
+        at least that much context), so every target is scored exactly once.
+        With a `ContinuousCache`, each target's probability is the mixture
+        of the model's and a cache of the text's own earlier positions
+        (`keras_attn.memory.continuous_cache_log_probs`; a text is one
+        document).
+
+        `keras.ops` throughout: it runs eagerly (`score`) and inside the
+        TF Serving export's graph, with the same results.
+
+        Returns:
+            A dict of `(B,)` tensors: `log_likelihood` (float32, natural
+            log), `num_tokens` (int32, targets scored: the end token
+            included) and, with a cache, `model_log_likelihood` (the model
+            alone).
+        """
+        if continuous_cache is not None and not callable(
+            getattr(continuous_cache, "log_probs", None)
+        ):
+            raise ValueError(
+                "`continuous_cache` must be a keras_attn.memory.ContinuousCache or "
+                f"None. Received: continuous_cache={continuous_cache!r}"
+            )
+        context = _task.check_length(
+            "context_length", context_length or self.sequence_length
+        )
+        if context < 2:
+            raise ValueError(
+                f"`context_length` must be at least 2. Received: {context}"
+            )
+        stride = context // 2
+        sequence = ops.cast(ops.convert_to_tensor(token_ids), "int32")  # (B, L)
+        batch, longest = ops.shape(sequence)[0], ops.shape(sequence)[1]
+        num_tokens = ops.sum(ops.cast(sequence != PAD_ID, "int32"), axis=1) - 1
+        if isinstance(longest, int):  # a static length: Python arithmetic
+            windows = 1 + max(0, longest - 1 - context + stride - 1) // stride
+        else:
+            windows = 1 + ops.maximum(0, longest - 1 - context + stride - 1) // stride
+        padded_length = (windows - 1) * stride + context + 1
+        sequence = ops.pad(sequence, [[0, 0], [0, padded_length - longest]])
+
+        def window(index):
+            begin = index * stride
+            inputs = ops.slice(sequence, [0, begin], [batch, context])  # (B, C)
+            targets = ops.slice(sequence, [0, begin + 1], [batch, context])
+            states, logits = self.call_with_states(inputs)
+            log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            picked = ops.take_along_axis(log_probs, targets[..., None], axis=-1)
+            return picked[..., 0], ops.cast(states, "float32")  # (B, C), (B, C, d)
+
+        init = (
+            ops.zeros((batch, context), "float32"),
+            ops.zeros((batch, context, self.embedding_dim), "float32"),
+        )
+        picked, states = map_chunks(window, windows, init)  # (W, B, C[, d])
+
+        def scored(chunks):
+            # Window 0 scores all its targets, each later one its last `stride`.
+            rest = ops.swapaxes(chunks[1:, :, context - stride :], 0, 1)
+            # An explicit length: -1 would be 0 for an empty batch.
+            rest = ops.reshape(rest, (batch, (windows - 1) * stride, *chunks.shape[3:]))
+            return ops.concatenate([chunks[0], rest], axis=1)  # (B, T, ...)
+
+        model_log_probs = scored(picked)  # (B, T): T = padded_length - 1
+        targets = sequence[:, 1:]
+        valid = targets != PAD_ID
+        model_log_likelihood = ops.sum(ops.where(valid, model_log_probs, 0.0), axis=1)
+        if continuous_cache is None:
+            return {"log_likelihood": model_log_likelihood, "num_tokens": num_tokens}
+        log_probs = continuous_cache.log_probs(
+            scored(states), targets, model_log_probs, valid=valid, chunk_size=128
+        )
+        return {
+            "log_likelihood": ops.sum(ops.where(valid, log_probs, 0.0), axis=1),
+            "model_log_likelihood": model_log_likelihood,
+            "num_tokens": num_tokens,
+        }
+
+    # -- text (TensorFlow Text tokenizer) --------------------------------------
+
+    def score_strings(
+        self, texts, continuous_cache=None, context_length=None, tokenizer=None
+    ) -> dict:
+        """`score_ids` of strings (a `tf.string` tensor `[B]` or a list):
+        each text's tokens between the start and the end token, with
+        `tokenizer` (default the model's). TensorFlow, eagerly or in a
+        `tf.function` (the export's `score` signature is this)."""
+        import tensorflow as tf
+
+        tokenizer = tokenizer or _task.require_tokenizer(self, "tokenizer", "score")
+        ids = tokenizer.tokenize(texts)
+        rows = ids.nrows()
+        ids = tf.concat(
+            [tf.fill([rows, 1], START_ID), ids, tf.fill([rows, 1], END_ID)], axis=1
+        )
+        return self.score_ids(
+            ids.to_tensor(default_value=PAD_ID),  # (B, L)
+            continuous_cache=continuous_cache,
+            context_length=context_length,
+        )
+
+    def score(self, texts, continuous_cache=None) -> dict:
+        """The log-likelihood of raw strings (`score_strings`) as NumPy
+        arrays: `log_likelihood`, `num_tokens` and, with a
+        `ContinuousCache`, `model_log_likelihood`; what the export's `score`
+        signature answers."""
+        texts = _task.text_list("texts", texts)
+        scores = self.score_strings(texts, continuous_cache=continuous_cache)
+        return {name: np.asarray(ops.convert_to_numpy(x)) for name, x in scores.items()}
+
+    def generate(
+        self,
+        prompts,
+        max_new_tokens: int = 64,
+        sampler="greedy",
+        seed=None,
+    ) -> list[str]:
+        """Continue raw-string prompts: the text of at most `max_new_tokens`
+        new tokens after each prompt (the prompt itself not repeated).
+
+        Each prompt starts with the start token and keeps its last tokens
+        within the context (`sequence_length - max_new_tokens`); generation
+        stops at the end token. `sampler`, `seed`: as in `generate_ids`.
+        What the export's `serving_default` answers (with greedy decoding).
+        """
+        tokenizer = _task.require_tokenizer(self, "tokenizer", "generate")
+        ids = tokenizer.tokenize(_task.text_list("prompts", prompts))
+        new = self.continue_ids(ids, max_new_tokens, sampler=sampler, seed=seed)
+        return [text.decode("utf-8") for text in np.asarray(tokenizer.detokenize(new))]
+
+    def continue_ids(
+        self,
+        ids,
+        max_new_tokens: int = 64,
+        context_length: int | None = None,
+        sampler="greedy",
+        seed=None,
+    ):
+        """Ragged prompt ids `(B, None)` (a `tf.RaggedTensor`, without the
+        start token) -> ragged new ids `(B, <= max_new_tokens)`, as `generate`
+        and the export's `serving_default` continue prompts (TensorFlow,
+        eagerly or in a `tf.function`)."""
+        import tensorflow as tf
+
+        max_new_tokens = _task.check_length("max_new_tokens", max_new_tokens)
+        context = context_length or self.sequence_length
+        budget = context - max_new_tokens  # prompt tokens kept, START included
+        if budget < 1:
+            raise ValueError(
+                "`max_new_tokens` must leave room for the prompt in the context "
+                f"({context}). Received: max_new_tokens={max_new_tokens}"
+            )
+        ids = ids[:, -(budget - 1) :] if budget > 1 else ids[:, :0]  # keep the end
+        ids = tf.concat([tf.fill([ids.nrows(), 1], START_ID), ids], axis=1)
+        lengths = tf.cast(ids.row_lengths(), tf.int32)  # (B,), START included
+        prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, budget])
+        total = budget + max_new_tokens
+        tokens = self.generate_ids(
+            prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
+        )  # (B, total): prompt, new tokens, padding
+        positions = tf.range(total)[None, :]
+        first_new = lengths[:, None]
+        new = (positions >= first_new) & (positions < first_new + max_new_tokens)
+        return tf.ragged.boolean_mask(tokens, new)
+
+    def stream_log_probs(
+        self, dataset, states: bool = False, verbose: int = 0, title: str = "Scoring"
+    ) -> dict:
+        """The model's log-probability of every non-padding target of a
+        dataset of `(inputs, targets)` windows, in stream order.
+
+        Args:
+            dataset: batches as `keras_attn.text.language_model_dataset`
+                gives them (`shuffle=False`).
+            states: also return the last hidden states (for a continuous
+                cache).
+            verbose: 1 or 2 show the progress over the batches, under `title`.
+
+        Returns:
+            A dict of NumPy arrays: `log_probs` `(T,)` float32, `targets`,
+            `inputs` (the token before each target), `document_ids` (a
+            document per start token, as the dataset packs them) and, with
+            `states=True`, `states` `(T, d)` float32.
+        """
+        from keras_attn._progress import progress_bar
+
+        batches = int(dataset.cardinality()) if hasattr(dataset, "cardinality") else -1
+        progress = progress_bar(title, batches if batches >= 0 else None, verbose)
+        columns = {"log_probs": [], "targets": [], "inputs": [], "states": []}
+        for step, (inputs, targets) in enumerate(dataset, start=1):
+            hidden, logits = self.call_with_states(inputs, training=False)
+            log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            targets = np.asarray(targets)
+            picked = ops.take_along_axis(
+                log_probs, ops.convert_to_tensor(targets)[..., None], axis=-1
+            )[..., 0]
+            valid = targets != PAD_ID  # (B, L); padding is not scored
+            columns["log_probs"].append(np.asarray(ops.convert_to_numpy(picked))[valid])
+            columns["targets"].append(targets[valid])
+            columns["inputs"].append(np.asarray(inputs)[valid])
+            if states:
+                columns["states"].append(
+                    np.asarray(ops.convert_to_numpy(ops.cast(hidden, "float32")))[valid]
+                )
+            progress.update(step)
+        if not columns["targets"]:
+            raise ValueError("`dataset` must yield at least one batch. Received: none")
+        found = {
+            name: np.concatenate(parts) for name, parts in columns.items() if parts
+        }
+        found["document_ids"] = np.cumsum(found["inputs"] == START_ID)
+        return found
+
+    def export(
+        self,
+        base_dir,
+        model_name: str = "language_model",
+        version: int | None = None,
+        context_length: int | None = None,
+        max_new_tokens: int = 64,
+        max_chars: int = 100_000,
+        continuous_cache=None,
+    ):
+        """Export for TF Serving (completions and scores of raw strings):
+        `keras_attn.export.export_language_model(self, ...)` (see there).
+        Returns the version directory. Replaces `keras.Model.export`."""
+        from keras_attn.export.language_model import export_language_model
+
+        return export_language_model(
+            self,
+            base_dir,
+            model_name=model_name,
+            version=version,
+            context_length=context_length,
+            max_new_tokens=max_new_tokens,
+            max_chars=max_chars,
+            continuous_cache=continuous_cache,
+        )
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "vocabulary_size": self.vocabulary_size,
+            "sequence_length": self.sequence_length,
+            "embedding_dim": self.embedding_dim,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "dropout": self.dropout,
+            "tie_embeddings": self.tie_embeddings,
+            "normalize_first": self.normalize_first,
+            "position": self.position,
+            "tokenizer": _task.serialize_tokenizer(self.tokenizer),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
+        return cls(**config)

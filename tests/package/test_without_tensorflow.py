@@ -1,0 +1,141 @@
+"""The networks on JAX in a Python where TensorFlow cannot be imported: they
+build, train a step, decode token ids and save, as on a GPU machine with JAX
+and Keras but no TensorFlow."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.test_case import REPO_ROOT
+
+SCRIPT = textwrap.dedent(
+    """
+    import importlib.abc, json, os, sys, tempfile
+
+    class NoTensorFlow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, NoTensorFlow())
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras
+    import numpy as np
+
+    import keras_attn
+    from keras_attn import memory, training
+    from keras_attn.models import (
+        RNNTranslator, TextClassifier, TextClassifierEnsemble,
+        TransformerLanguageModel, TransformerTranslator,
+    )
+
+    report = {"backend": keras.backend.backend()}
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, 30, (4, 6)).astype("int32")
+    target = rng.integers(4, 30, (4, 5)).astype("int32")
+    target[:, 0] = 2
+    labels = np.concatenate([target[:, 1:], np.full((4, 1), 3, "int32")], 1)
+    tmp = tempfile.mkdtemp()
+
+    def train_and_save(name, model, x, y, loss):
+        # Eager steps: compiling a train step costs more than one step here.
+        model.compile(optimizer="adam", loss=loss, run_eagerly=True)
+        before = [w.copy() for w in model.get_weights()]
+        model.fit(x, y, epochs=1, batch_size=4, verbose=0)
+        changed = any(
+            not np.array_equal(a, b) for a, b in zip(before, model.get_weights())
+        )
+        path = os.path.join(tmp, f"{name}.keras")
+        model.save(path)
+        restored = keras.saving.load_model(path)
+        same = np.allclose(np.asarray(restored(x)), np.asarray(model(x)), atol=1e-6)
+        report[name] = {"trained": changed, "reloaded": bool(same)}
+        return restored
+
+    sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pairs = {"encoder_inputs": source, "decoder_inputs": target}
+    for name, model in (
+        ("transformer_translator", TransformerTranslator(
+            30, 30, sequence_length=12, embedding_dim=16, num_encoder_layers=1,
+            num_decoder_layers=1, num_heads=2, intermediate_dim=32, dropout=0.0)),
+        ("rnn_translator", RNNTranslator(30, 30, embedding_dim=8, units=12)),
+    ):
+        restored = train_and_save(name, model, pairs, labels, sparse)
+        tokens, scores = restored.translate_ids(source, max_length=6, beam_width=2)
+        report[name]["decoded"] = list(np.asarray(tokens).shape)
+    path = os.path.join(tmp, "transformer_translator.keras")
+    translator = keras.saving.load_model(path)
+    store = memory.translation_datastore(translator, [(pairs, labels)])
+    knn = memory.NearestNeighborDecoding(store, k=2, lam=0.5)
+    tokens, _ = translator.translate_ids(source, 6, 2, nearest_neighbors=knn)
+    report["knn_decoded"] = list(np.asarray(tokens).shape)
+
+    classifier = train_and_save(
+        "text_classifier",
+        TextClassifier(30, 8, embedding_dim=8, num_layers=1, num_heads=2,
+                       intermediate_dim=16, pooling="attention"),
+        source, (source[:, 0] % 2).astype("float32"), "binary_crossentropy",
+    )
+    report["text_classifier"]["maps"] = sorted(classifier.attention_maps(source))
+    ensemble = TextClassifierEnsemble([
+        TextClassifier(30, 8, embedding_dim=8, num_layers=1, num_heads=2,
+                       intermediate_dim=16, name=f"member_{i}") for i in range(2)
+    ])
+    path = os.path.join(tmp, "ensemble.keras")
+    ensemble.save(path)
+    report["ensemble"] = list(np.asarray(keras.saving.load_model(path)(source)).shape)
+
+    lm = train_and_save(
+        "language_model",
+        TransformerLanguageModel(30, 12, embedding_dim=16, num_layers=1,
+                                 num_heads=2, intermediate_dim=32),
+        source, source, sparse,
+    )
+    report["language_model"]["generated"] = list(
+        np.asarray(lm.generate_ids(source[:, :3], 10)).shape
+    )
+    cache = memory.ContinuousCache(theta=0.5, lam=0.2)
+    scores = lm.score_ids(np.concatenate([target, labels[:, -1:]], 1), cache)
+    scored = np.asarray(scores["log_likelihood"])
+    report["language_model"]["scored"] = list(scored.shape)
+    report["precision"] = training.resolve_mixed_precision("auto")
+    report["tensorflow_imported"] = sorted(
+        m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorflow_text")
+    )
+    print(json.dumps(report))
+    """
+)
+
+
+def test_networks_build_train_decode_and_save_on_jax_without_tensorflow(tmp_path):
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": REPO_ROOT}
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["backend"] == "jax"
+    assert report["tensorflow_imported"] == []
+    for name in (
+        "transformer_translator",
+        "rnn_translator",
+        "text_classifier",
+        "language_model",
+    ):
+        assert report[name]["trained"] and report[name]["reloaded"], name
+    assert report["transformer_translator"]["decoded"] == [4, 6]
+    assert report["rnn_translator"]["decoded"] == [4, 6]
+    assert report["knn_decoded"] == [4, 6]
+    assert report["text_classifier"]["maps"] == ["pooling", "self_attention"]
+    assert report["ensemble"] == [4, 1]
+    assert report["language_model"]["generated"] == [4, 10]
+    assert report["language_model"]["scored"] == [4]
+    assert report["precision"] in ("float32", "mixed_bfloat16")
