@@ -18,7 +18,8 @@ this on a machine that has the project installed (`make gpu-check-bundle`):
 
 Then, on the GPU machine, from the repository root (docs/GPU_CHECK.md):
 
-    python3 -m pip install --no-index --no-deps --target /tmp/site .gpu_bundle/wheels/*.whl
+    python3 -m pip install --no-index --no-deps --target /tmp/site \\
+        .gpu_bundle/wheels/*.whl
     PYTHONPATH=/tmp/site:. KERAS_BACKEND=jax python3 benchmarks/gpu_check.py \\
         --data .gpu_bundle/data --out gpu_check.json
 """
@@ -96,8 +97,12 @@ def encode_pairs(pairs, processor, max_length: int = MAX_LENGTH):
     return encoder, decoder, targets
 
 
-def prepare_data(folder: Path, pairs_path: str | None = None) -> dict:
-    """Tokenize the fixed split of the Ding pairs into `folder`."""
+def prepare_data(
+    folder: Path,
+    pairs_path: str | None = None,
+    vocabulary_size: int = VOCABULARY_SIZE,
+) -> dict:
+    """Tokenize the fixed split of the Ding pairs (or of `pairs_path`) into `folder`."""
     import sentencepiece
 
     from keras_attn.datasets import load_translation_pairs
@@ -112,7 +117,7 @@ def prepare_data(folder: Path, pairs_path: str | None = None) -> dict:
     model_path = train_subword_vocabulary(
         [text for pair in splits.train for text in pair],
         folder / "en_de.model",
-        vocabulary_size=VOCABULARY_SIZE,
+        vocabulary_size=vocabulary_size,
     )
     processor = sentencepiece.SentencePieceProcessor(model_file=str(model_path))
     arrays = {}
@@ -152,6 +157,12 @@ def main(argv=None):
         help="english<TAB>german pairs instead of the Ding pairs",
     )
     parser.add_argument(
+        "--vocabulary-size",
+        type=int,
+        default=VOCABULARY_SIZE,
+        help="SentencePiece pieces (small for a small --data-file)",
+    )
+    parser.add_argument(
         "--skip-wheels", action="store_true", help="prepare the data folder only"
     )
     args = parser.parse_args(argv)
@@ -159,7 +170,7 @@ def main(argv=None):
     manifest = {}
     if not args.skip_wheels:
         manifest["wheels"] = download_wheels(out / "wheels")
-    manifest["data"] = prepare_data(out / "data", args.data_file)
+    manifest["data"] = prepare_data(out / "data", args.data_file, args.vocabulary_size)
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     size = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
     print(json.dumps(manifest, indent=2))
