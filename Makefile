@@ -7,13 +7,14 @@ PYTEST_FLAGS ?= -q
 # Op, layer, decoding and memory tests run a second time on the JAX backend.
 JAX_TESTS := tests/ops tests/layers tests/generation tests/memory
 
-.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding demo check-serving format clean
+.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving format clean
 
 help:
 	@echo "make demo        train, export and serve a small model (see README)"
 	@echo "make test        lint + default tests (TensorFlow, then JAX backend)"
 	@echo "make test-large  the slow tests (real corpora, long runs)"
 	@echo "make bench       benchmarks/ (figures in BENCHMARKS.md)"
+	@echo "make gpu-check-bundle  prepare .gpu_bundle/ for benchmarks/gpu_check.py on a GPU machine"
 	@echo "make check-serving  check make demo's exports in the two newest TF Serving releases"
 
 $(PY):
@@ -80,6 +81,12 @@ bench-serving: $(STAMP)
 RUN ?= runs/transformer
 bench-decoding: $(STAMP)
 	$(PY) benchmarks/decoding_bench.py --run $(RUN)
+
+# What benchmarks/gpu_check.py needs on a GPU machine without TensorFlow or
+# network (docs/GPU_CHECK.md): wheels and the pre-tokenized Ding pairs (GPL-2+:
+# .gpu_bundle/ is ignored by git and never committed).
+gpu-check-bundle: $(STAMP)
+	$(PY) benchmarks/gpu_check_bundle.py --out .gpu_bundle
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,112 @@
+"""benchmarks/gpu_check.py end to end at tiny sizes on a CPU, as it runs on a
+GPU machine: the JAX backend, TensorFlow unimportable, the data folder that
+benchmarks/gpu_check_bundle.py prepares (here from the small fixture pairs)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.test_case import REPO_ROOT
+
+# Imported by Python at start-up from PYTHONPATH: TensorFlow cannot be imported.
+BLOCKER = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class NoTensorFlow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, NoTensorFlow())
+    """
+)
+
+
+def test_tiny_run_on_jax_without_tensorflow(tmp_path):
+    bundle = tmp_path / "bundle"
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "benchmarks", "gpu_check_bundle.py"),
+            "--out",
+            str(bundle),
+            "--skip-wheels",
+            "--data-file",
+            os.path.join(REPO_ROOT, "tests", "fixtures", "de_en_pairs.tsv"),
+            "--vocabulary-size",
+            "400",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=REPO_ROOT,
+    )
+    manifest = json.loads((bundle / "MANIFEST.json").read_text())
+    assert manifest["data"]["test"] > 0
+    assert (bundle / "data" / "en_de.model").exists()
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    out = tmp_path / "gpu_check.json"
+    environment = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        PYTHONPATH=os.pathsep.join([str(site), REPO_ROOT]),
+    )
+    completed = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "benchmarks", "gpu_check.py"),
+            "--tiny",
+            "--data",
+            str(bundle / "data"),
+            "--out",
+            str(out),
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    report = json.loads(out.read_text())
+    assert completed.returncode == 0, (report.get("problems"), completed.stderr[-3000:])
+    assert report["problems"] == []
+    assert report["errors"] == {}
+    assert report["versions"]["platform"] == "cpu"
+    # Every JAX part ran; PyTorch is not installed here.
+    for part in ("numerics", "paths", "speed", "training", "costs"):
+        assert report[part], part
+    assert report["skipped"] == ["torch: PyTorch is not installed"]
+
+    numerics = [row for row in report["numerics"] if "asked" in row]
+    assert {row["policy"] for row in numerics} == {
+        "float32",
+        "mixed_float16",
+        "mixed_bfloat16",
+    }
+    # Without a GPU no cuDNN kernel runs; flash_attention=True takes the
+    # memory-efficient op, False the explicit path.
+    assert {row["took"] for row in numerics if row["asked"] == "explicit"} == {
+        "explicit_or_xla"
+    }
+    assert {
+        row["took"] for row in numerics if row["asked"] == "fused_or_memory_efficient"
+    } == {"memory_efficient"}
+    assert all(row["empty_rows_zero"] and row["finite"] for row in numerics)
+    assert any(row["empty_rows"] for row in numerics)
+
+    training = report["training"]
+    assert training["policy"] == "mixed_float16"
+    assert training["optimizer"] == "LossScaleOptimizer"
+    assert training["loss_finite"]
+    assert training["steps"] > 0 and training["target_tokens_per_second"] > 0
+    assert training["test_sentences"] == manifest["data"]["test"]
+    assert 0.0 <= training["test_bleu"] <= 100.0
+    assert len(training["examples"]) > 0
+
+    assert report["speed"][0]["keras_attn_ms"] > 0
+    assert report["speed"][0]["keras_hub_ms"] > 0
