@@ -17,6 +17,11 @@ from pathlib import Path
 import keras
 
 from keras_attn import training
+from keras_attn._extras import require
+
+# The scripts need TensorFlow (Text), sentencepiece, sacrebleu and matplotlib:
+# say which extra to install now, not after training.
+require("the example scripts", "examples")
 
 logger = logging.getLogger("keras_attn.examples")
 
