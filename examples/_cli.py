@@ -21,7 +21,7 @@ from keras_attn._extras import require
 
 # The scripts need TensorFlow (Text), sentencepiece, sacrebleu and matplotlib:
 # say which extra to install now, not after training.
-require("the example scripts", "examples")
+require("This example script", "examples")
 
 logger = logging.getLogger("keras_attn.examples")
 
