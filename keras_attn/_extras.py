@@ -10,8 +10,8 @@ import, never after training:
 - `keras_attn.text` needs TensorFlow and TensorFlow Text: the `text` extra;
 - `keras_attn.export` also TF Serving's API protos: the `export` extra;
 - `keras_attn.visualize` needs matplotlib: the `visualize` extra;
-- the example scripts need TensorFlow, sacrebleu and matplotlib: the
-  `examples` extra.
+- the example scripts (which train, evaluate, plot and export) need all of
+  that and sacrebleu: the `examples` extra.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ EXTRAS = {
         "tensorflow",
         "tensorflow_text",
         "sentencepiece",
+        "tensorflow_serving",
         "sacrebleu",
         "matplotlib",
     ),
