@@ -32,14 +32,10 @@ import os
 import re
 import ssl
 import sys
+import tomllib
 import urllib.parse
 import urllib.request
 from pathlib import Path
-
-try:
-    import tomllib
-except ImportError:  # pragma: no cover - Python < 3.11
-    tomllib = None
 
 PYPI_SIMPLE = "https://pypi.org/simple/"
 _ACCEPT = (
@@ -99,8 +95,6 @@ def _pip_config() -> dict[str, str]:
 
 def _uv_default_index() -> str | None:
     """The default index of uv's user or system `uv.toml`, if one sets it."""
-    if tomllib is None:
-        return None
     config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path("~", ".config"))
     candidates = [Path(config_home, "uv", "uv.toml").expanduser()]
     candidates += [
