@@ -46,8 +46,10 @@ def check_wheel(wheel: Path) -> None:
     extras = set(metadata.get_all("Provides-Extra", []))
     assert extras == EXTRAS, f"extras: {sorted(extras)}"
     classifiers = metadata.get_all("Classifier", [])
+    assert metadata["License-Expression"] == "Apache-2.0", metadata[
+        "License-Expression"
+    ]
     for classifier in (
-        "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",
         "Typing :: Typed",
