@@ -7,7 +7,7 @@ PYTEST_FLAGS ?= -q
 # Op, layer, decoding and memory tests run a second time on the JAX backend.
 JAX_TESTS := tests/ops tests/layers tests/generation tests/memory
 
-.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving format clean
+.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving check-package format clean
 
 help:
 	@echo "make demo        train, export and serve a small model (see README)"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench       benchmarks/ (figures in BENCHMARKS.md)"
 	@echo "make gpu-check-bundle  prepare .gpu_bundle/ for benchmarks/gpu_check.py on a GPU machine"
 	@echo "make check-serving  check make demo's exports in the two newest TF Serving releases"
+	@echo "make check-package  build the sdist and wheel; smoke-test them in fresh venvs"
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; run make PYTHON=python3"; exit 1; }
@@ -88,5 +89,33 @@ bench-decoding: $(STAMP)
 gpu-check-bundle: $(STAMP)
 	$(PY) benchmarks/gpu_check_bundle.py --out .gpu_bundle
 
+# The sdist and wheel as users get them: built with `python -m build`, checked
+# (tests/package/check_dist.py), then installed into fresh virtual
+# environments under $(CHECK_DIR): the wheel with only Keras and JAX (no
+# TensorFlow) running tests/package/smoke_core.py on KERAS_BACKEND=jax, and
+# the wheel with its `examples` extra running the sentiment script's smoke
+# configuration. Both run outside the checkout, so they import the installed
+# package. KERAS_VERSION=3.15.0 installs that Keras into the core environment
+# (the ends of the declared range).
+CHECK_DIR := build/check-package
+KERAS_VERSION ?=
+check-package: $(STAMP)
+	rm -rf $(CHECK_DIR)
+	mkdir -p $(CHECK_DIR)/run
+	$(PY) -m build --sdist --wheel --outdir $(CHECK_DIR)/dist .
+	$(PY) tests/package/check_dist.py $(CHECK_DIR)/dist
+	$(PYTHON) -m venv $(CHECK_DIR)/core
+	$(CHECK_DIR)/core/bin/python -m pip install --quiet --upgrade pip
+	$(CHECK_DIR)/core/bin/python -m pip install --quiet $(CHECK_DIR)/dist/*.whl 'jax[cpu]' \
+		$(if $(KERAS_VERSION),'keras==$(KERAS_VERSION)')
+	cd $(CHECK_DIR)/run && KERAS_BACKEND=jax ../core/bin/python $(CURDIR)/tests/package/smoke_core.py
+	$(PYTHON) -m venv $(CHECK_DIR)/examples
+	$(CHECK_DIR)/examples/bin/python -m pip install --quiet --upgrade pip
+	$(CHECK_DIR)/examples/bin/python -m pip install --quiet "$$(ls $(CHECK_DIR)/dist/*.whl)[examples]"
+	cd $(CHECK_DIR)/run && KERAS_BACKEND=tensorflow ../examples/bin/python \
+		$(CURDIR)/examples/sentiment.py --smoke --pretrained none --out sentiment
+	test -f $(CHECK_DIR)/run/sentiment/metrics.json
+	@echo "check-package: the sdist and wheel install and run"
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -17,6 +17,12 @@ from pathlib import Path
 import keras
 
 from keras_attn import training
+from keras_attn._extras import require
+
+# The scripts need TensorFlow (Text), sentencepiece, TF Serving's API (the
+# export), sacrebleu and matplotlib: say which extra to install now, not
+# after training.
+require("This example script", "examples")
 
 logger = logging.getLogger("keras_attn.examples")
 

@@ -30,7 +30,7 @@ from keras_attn.models import (
     TransformerTranslator,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AttentionPooling",

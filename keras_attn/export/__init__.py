@@ -11,10 +11,17 @@ and batched requests around a loaded export as the server would
 docs/SERVING.md.
 """
 
-from keras_attn.export.check import ServabilityReport, check_servable
-from keras_attn.export.language_model import export_language_model
-from keras_attn.export.sentiment import export_sentiment
-from keras_attn.export.translator import export_translator
+from keras_attn._extras import require
+
+# TensorFlow, TensorFlow Text and TF Serving's API protos come with the
+# `export` extra: say so here, at the import, rather than in the middle of an
+# export.
+require("keras_attn.export", "export")
+
+from keras_attn.export.check import ServabilityReport, check_servable  # noqa: E402
+from keras_attn.export.language_model import export_language_model  # noqa: E402
+from keras_attn.export.sentiment import export_sentiment  # noqa: E402
+from keras_attn.export.translator import export_translator  # noqa: E402
 
 __all__ = [
     "ServabilityReport",

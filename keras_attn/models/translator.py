@@ -18,6 +18,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn import generation
+from keras_attn._extras import missing_extra_error
 from keras_attn.models import _task
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
@@ -210,9 +211,9 @@ class Translator(keras.Model):
         """
         try:
             import sacrebleu
-        except ImportError as error:  # pragma: no cover - a dev dependency
-            raise ImportError(
-                "evaluate_translations needs sacrebleu: pip install sacrebleu"
+        except ImportError as error:
+            raise missing_extra_error(
+                "evaluate_translations", "examples", "sacrebleu", error
             ) from error
         pairs = list(pairs)
         if not pairs:

@@ -17,21 +17,27 @@
 Special ids: `PAD_ID` 0, `UNK_ID` 1, `START_ID` 2, `END_ID` 3.
 """
 
-from keras_attn.text.pipelines import (
+from keras_attn._extras import require
+
+# TensorFlow and TensorFlow Text come with the `text` extra: say so here, at
+# the import, rather than fail later inside a tokenizer.
+require("keras_attn.text", "text", ("tensorflow", "tensorflow_text"))
+
+from keras_attn.text.pipelines import (  # noqa: E402
     classification_dataset,
     language_model_dataset,
     translation_dataset,
     with_cardinality,
 )
-from keras_attn.text.tokenizer import SubwordTokenizer
-from keras_attn.text.vocabulary import (
+from keras_attn.text.tokenizer import SubwordTokenizer  # noqa: E402
+from keras_attn.text.vocabulary import (  # noqa: E402
     END_ID,
     PAD_ID,
     START_ID,
     UNK_ID,
     train_subword_vocabulary,
 )
-from keras_attn.text.wordpiece import WordPieceTokenizer
+from keras_attn.text.wordpiece import WordPieceTokenizer  # noqa: E402
 
 __all__ = [
     "END_ID",

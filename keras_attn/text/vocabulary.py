@@ -20,6 +20,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from keras_attn._extras import missing_extra_error
+
 PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
 PAD_TOKEN, UNK_TOKEN, START_TOKEN, END_TOKEN = "<pad>", "<unk>", "<s>", "</s>"
 MODEL_TYPES = ("unigram", "bpe")
@@ -79,7 +81,12 @@ def train_subword_vocabulary(
     Raises:
         ValueError: no non-empty training text, or bad arguments.
     """
-    import sentencepiece as spm  # the trainer only; not needed at serving time
+    try:  # the trainer only; not needed at serving time
+        import sentencepiece as spm
+    except ImportError as error:
+        raise missing_extra_error(
+            "train_subword_vocabulary", "text", "sentencepiece", error
+        ) from error
 
     if model_type not in MODEL_TYPES:
         raise ValueError(

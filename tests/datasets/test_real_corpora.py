@@ -86,7 +86,7 @@ def test_translation_pairs_as_in_data_md():
     assert splits.counts() == {"train": 15790, "validation": 1938, "test": 1964}
     assert_split_rule(splits, lambda pair: pair[0])
     words = sorted(len(english.split()) for english, _ in splits.train)
-    assert words[len(words) // 2] == 7  # median English length, as DATA.md says
+    assert words[len(words) // 2] == 7  # median English length, as docs/DATA.md says
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from keras_attn.datasets.splits import (
 
 
 def data_md_bucket(text):
-    """The rule exactly as DATA.md writes it."""
+    """The rule exactly as docs/DATA.md writes it."""
     key = " ".join(text.lower().split())
     return int(hashlib.md5(key.encode("utf-8")).hexdigest()[:8], 16) % 100
 

@@ -139,3 +139,118 @@ def test_networks_build_train_decode_and_save_on_jax_without_tensorflow(tmp_path
     assert report["language_model"]["generated"] == [4, 10]
     assert report["language_model"]["scored"] == [4]
     assert report["precision"] in ("float32", "mixed_bfloat16")
+
+
+EXTRAS_SCRIPT = textwrap.dedent(
+    """
+    import importlib, importlib.abc, json, os, runpy, sys
+
+    BLOCKED = set(sys.argv[1].split(","))
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    import keras_attn  # the core imports with every extra missing
+
+    messages = {}
+    for name in sys.argv[3:]:
+        try:
+            if name.endswith(".py"):
+                sys.path.insert(0, os.path.dirname(name))
+                sys.argv = [name, "--smoke", "--out", "never-written"]
+                runpy.run_path(name, run_name="__main__")
+            else:
+                importlib.import_module(name)
+            messages[name] = None
+        except ImportError as error:
+            messages[name] = str(error)
+    print(json.dumps({
+        "messages": messages,
+        "blocked_imported": sorted(m for m in sys.modules if m in BLOCKED),
+    }))
+    """
+)
+
+
+def import_messages(blocked, backend, names, tmp_path):
+    """{name: the ImportError's message (None if it imported)} of importing
+    each module (or running each example script) where `blocked` cannot be
+    imported."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": REPO_ROOT}
+    result = subprocess.run(
+        [sys.executable, "-c", EXTRAS_SCRIPT, ",".join(blocked), backend, *names],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["blocked_imported"] == []
+    return report["messages"]
+
+
+def test_a_missing_extra_is_named_at_the_import(tmp_path):
+    """Without TensorFlow, matplotlib and sacrebleu (a JAX-only install),
+    the modules that need them raise at their import, naming the extra."""
+    examples = os.path.join(REPO_ROOT, "examples")
+    messages = import_messages(
+        (
+            "tensorflow",
+            "tensorflow_text",
+            "tensorflow_serving",
+            "matplotlib",
+            "sacrebleu",
+        ),
+        "jax",
+        [
+            "keras_attn.text",
+            "keras_attn.export",
+            "keras_attn.visualize",
+            os.path.join(examples, "sentiment.py"),
+            "keras_attn.layers",
+            "keras_attn.memory",
+            "keras_attn.datasets",
+            "keras_attn.checkpoints",
+            "keras_attn.training",
+        ],
+        tmp_path,
+    )
+    expected = {
+        "keras_attn.text": "keras_attn.text needs TensorFlow: "
+        "pip install 'keras-attn[text]'",
+        "keras_attn.export": "keras_attn.export needs TensorFlow: "
+        "pip install 'keras-attn[export]'",
+        "keras_attn.visualize": "keras_attn.visualize needs matplotlib: "
+        "pip install 'keras-attn[visualize]'",
+        os.path.join(examples, "sentiment.py"): "This example script needs "
+        "TensorFlow: pip install 'keras-attn[examples]'",
+    }
+    for name, start in expected.items():
+        assert messages[name] is not None, name
+        assert messages[name].startswith(start), messages[name]
+        assert "Received: ModuleNotFoundError(" in messages[name]
+    for name in (
+        "keras_attn.layers",
+        "keras_attn.memory",
+        "keras_attn.datasets",
+        "keras_attn.checkpoints",
+        "keras_attn.training",
+    ):
+        assert messages[name] is None, (name, messages[name])
+
+
+def test_an_example_without_sacrebleu_stops_before_training(tmp_path):
+    """With TensorFlow but no sacrebleu, the translation script stops at its
+    start (it used to fail at the evaluation, after training)."""
+    script = os.path.join(REPO_ROOT, "examples", "translate.py")
+    messages = import_messages(("sacrebleu",), "tensorflow", [script], tmp_path)
+    assert messages[script].startswith(
+        "This example script needs sacrebleu: pip install 'keras-attn[examples]'"
+    )
+    assert not (tmp_path / "never-written").exists()
