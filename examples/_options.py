@@ -413,8 +413,7 @@ def language_model_args(argv=None):
         "--dropout",
         type=float,
         default=0.0,
-        help="dropout rate of the blocks (0: none; chosen on the validation "
-        "plays)",
+        help="dropout rate of the blocks (0: none; chosen on the validation plays)",
     )
     parser.add_argument(
         "--learning-rate",
