@@ -439,7 +439,7 @@ def language_model_args(argv=None):
         type=number_list(float),
         default="0.025,0.05,0.1",
         metavar="T[,T...]",
-        help="continuous cache (Grave et al. 2017; see README): the flatness "
+        help="continuous cache (Grave et al. 2017; see docs/TASKS.md): the flatness "
         "values of its softmax to try on the validation text",
     )
     parser.add_argument(
