@@ -105,7 +105,7 @@ def number_list(kind=float, low=None, high=None, positive=False):
 def add_run_arguments(
     parser, *, out: str, epochs: int | str, time_budget: float, batch_size: int
 ) -> None:
-    """The options every example script shares (see README, "Models and
+    """The options every example script shares (see docs/TASKS.md, "The
     example scripts"); `parse_run_args` resolves `--epochs` to
     `default_epochs`: `epochs`, or, when `epochs` is a description of
     defaults that depend on other options, what the script sets with

@@ -115,7 +115,7 @@ def translate_args(argv=None):
         action="store_true",
         help="also decode with kNN-MT (Transformer only): a datastore of the "
         "training pairs' decoder states, the setting chosen on validation "
-        "(adds 20-30 minutes on two cores on the default data)",
+        "(slow: every decoding step searches the whole datastore)",
     )
     add(
         "--knn-k",
@@ -395,8 +395,8 @@ def language_model_args(argv=None):
         "--vocabulary-size",
         type=int,
         default=4000,
-        help="lossless SentencePiece vocabulary (chosen on the validation plays: "
-        "4,000 beat 2,000 and 8,000)",
+        help="lossless SentencePiece vocabulary (chosen on the validation plays; "
+        "docs/experiments/2026-quality-trials.md)",
     )
     parser.add_argument(
         "--sequence-length",
@@ -413,16 +413,13 @@ def language_model_args(argv=None):
         "--dropout",
         type=float,
         default=0.0,
-        help="dropout rate of the blocks (0: none; in 15 minutes the "
-        "validation loss still falls to the end, and 0 beat 0.1 on the "
-        "validation plays)",
+        help="dropout rate of the blocks (0: none; chosen on the validation plays)",
     )
     parser.add_argument(
         "--learning-rate",
         type=float,
         default=2e-3,
-        help="peak learning rate (chosen on the validation plays: 2e-3 beat "
-        "1e-3 and tied 3e-3)",
+        help="peak learning rate (chosen on the validation plays)",
     )
     parser.add_argument(
         "--eval-stride",
@@ -435,15 +432,14 @@ def language_model_args(argv=None):
         "with at least sequence_length - N tokens of context; about "
         "sequence_length / N times the compute; the figures of windows that do "
         "not overlap are recorded too). 0 or --sequence-length: windows that do "
-        "not overlap, as in training and in the reported figures (a stride of "
-        "32 lowered the default model's test figure by 0.3%%)",
+        "not overlap, as in training and in the reported figures",
     )
     parser.add_argument(
         "--cache-theta",
         type=number_list(float),
         default="0.025,0.05,0.1",
         metavar="T[,T...]",
-        help="continuous cache (Grave et al. 2017; see README): the flatness "
+        help="continuous cache (Grave et al. 2017; see docs/TASKS.md): the flatness "
         "values of its softmax to try on the validation text",
     )
     parser.add_argument(

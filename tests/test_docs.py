@@ -23,13 +23,6 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 KNOWN_FLAGS = {"large", "tf_only"}
-# Pages written before this harness whose blocks are fragments; each is made
-# runnable and removed from here (the packaging/docs issue empties the set).
-NOT_YET_RUNNABLE = {
-    "README.md",
-    "docs/DATA_PIPELINES.md",
-    "docs/GENERATION.md",
-}
 
 
 def doc_pages() -> list[Path]:
@@ -39,11 +32,7 @@ def doc_pages() -> list[Path]:
         for page in (REPO_ROOT / "docs").rglob("*.md")
         if "experiments" not in page.relative_to(REPO_ROOT / "docs").parts
     )
-    return [
-        page
-        for page in pages
-        if page.exists() and str(page.relative_to(REPO_ROOT)) not in NOT_YET_RUNNABLE
-    ]
+    return [page for page in pages if page.exists()]
 
 
 def python_blocks(page: Path) -> list[tuple[int, set[str], str]]:

@@ -98,8 +98,8 @@ def load_translation_pairs(
       more pairs, but about one resolved sentence in ten reads wrong where an
       alternative was really a phrase (`shows/has shown`).
     - `"keep"` (default for `path=` files): the pairs exactly as read, for
-      the packaged data alternatives and all: the figures of docs/DATA.md, on
-      which the peer recipes there were measured.
+      the packaged data alternatives and all: the split of docs/DATA.md's
+      counts, on which its peer figures were measured.
 
     `"drop"` and `"first"` also tidy the spaces removed annotations leave
     (`affray .` -> `affray.`) and, unless `include_phrases`, drop the phrases

@@ -223,10 +223,9 @@ class SubwordTokenizer(TokenizerLayer):
         segmentation, one is sampled from all of them with probability
         proportional to `P(segmentation) ** alpha`, anew at every call, so a
         model trained on sampled segmentations sees each word split several
-        ways. Lower `alpha` samples more uniformly (more, shorter pieces); on
-        the Ding sentences with an 8k unigram vocabulary, `alpha=0.5` gives 6%
-        more tokens and leaves 43% of the sentences segmented as `tokenize`
-        does, `alpha=0.1` 89% more tokens. The text is unchanged:
+        ways. Lower `alpha` samples more uniformly (more, shorter pieces;
+        docs/DATA_PIPELINES.md gives the counts on the Ding sentences). The
+        text is unchanged:
         `detokenize(sample(texts))` equals `detokenize(tokenize(texts))`
         (the normalised texts). For training only;
         evaluate and serve with `tokenize`. The draws come from

@@ -357,7 +357,7 @@ def test_language_model_refuses_a_bad_stride(lossless_tokenizer, stride):
 
 def test_pipelines_feed_model_fit(pairs, english_tokenizer, german_tokenizer):
     """A masked toy model trains on the translation batches (padding ignored),
-    fed as README shows: counted, and not reshuffled by `fit`, with no warning
+    fed as docs/TRAINING.md shows: counted, and not reshuffled by `fit`, with no warning
     from Keras."""
     dataset = with_cardinality(
         translation_dataset(
