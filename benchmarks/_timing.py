@@ -6,7 +6,6 @@ import statistics
 import time
 
 import numpy as np
-import tensorflow as tf
 
 
 def alternate(fns: dict, rounds: int = 15, warmup: int = 3, inner: int = 3) -> dict:
@@ -30,6 +29,8 @@ def alternate(fns: dict, rounds: int = 15, warmup: int = 3, inner: int = 3) -> d
 
 def matmul_peak(dtype: str, size: int = 2048, rounds: int = 10) -> float:
     """FLOP/s of a large square matmul in `dtype` (the practical peak)."""
+    import tensorflow as tf  # here: gpu_check.py uses `alternate` without TF
+
     a = tf.constant(np.random.default_rng(0).normal(size=(size, size)), dtype=dtype)
     b = tf.constant(np.random.default_rng(1).normal(size=(size, size)), dtype=dtype)
     fn = tf.function(lambda: tf.matmul(a, b))

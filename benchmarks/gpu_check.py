@@ -67,6 +67,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras
 import numpy as np
 
+from benchmarks._timing import alternate
+
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 # The worst absolute error allowed against the float32 reference, as a share
 # of the reference's largest magnitude.
@@ -124,21 +126,6 @@ def custom_calls(compiled_text: str) -> list[str]:
 def cudnn_attention(targets) -> bool:
     """Whether custom-call targets include cuDNN's fused attention."""
     return any("cudnn" in target and "fmha" in target for target in targets)
-
-
-def alternate(fns: dict, rounds: int, warmup: int = 2, inner: int = 5) -> dict:
-    """Median seconds per call of each function, timed alternately."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            times[name].append((time.perf_counter() - start) / inner)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 class PathRecorder:
@@ -524,6 +511,8 @@ def check_speed(sizes, rounds: int) -> list[dict]:
                 "matmul": matmul_fn(dtype, sizes["peak_size"]),
             },
             rounds=rounds,
+            warmup=2,
+            inner=5,
         )
         peak = 2 * sizes["peak_size"] ** 3 / medians["matmul"]
         work = 3 * encoder_flops(sizes)  # forward + backward

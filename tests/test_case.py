@@ -23,6 +23,23 @@ from keras import ops
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Python source that makes TensorFlow unimportable in the process that runs it
+# first (prepended to a `python -c` script, or written to a sitecustomize.py):
+# a Python like the GPU machines', with JAX and Keras but no TensorFlow.
+BLOCK_TENSORFLOW = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class NoTensorFlow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, NoTensorFlow())
+    """
+)
+
 
 EXAMPLE_HELPERS = ("_cli", "_options")  # examples/ modules the scripts import
 

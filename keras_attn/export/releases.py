@@ -34,7 +34,6 @@ name against the op libraries of the linked release's wheel.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -43,17 +42,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-try:  # POSIX; elsewhere concurrent builds are not guarded.
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
+from keras_attn.downloads import _locked
 
 RUNTIME_FILE = "RUNTIME.json"
 # Where a TensorFlow Text wheel keeps the op libraries its `ops_lib` target
@@ -358,24 +352,6 @@ def ops_in_libraries(directory, op_names) -> set[str]:
         library.read_bytes() for library in sorted(Path(directory).glob("*.so"))
     )
     return {name for name in op_names if name.encode() + b"\x00" in data}
-
-
-_THREAD_LOCKS: dict[str, threading.Lock] = {}
-_THREAD_LOCKS_GUARD = threading.Lock()
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with _THREAD_LOCKS_GUARD:
-        thread_lock = _THREAD_LOCKS.setdefault(str(lock_path), threading.Lock())
-    with thread_lock, open(lock_path, "a+") as lock_file:
-        if fcntl is not None:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
 
 
 def runtime_environment(runtime: ServingRuntime) -> dict:

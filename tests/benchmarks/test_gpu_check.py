@@ -6,24 +6,8 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
-from tests.test_case import REPO_ROOT
-
-# Imported by Python at start-up from PYTHONPATH: TensorFlow cannot be imported.
-BLOCKER = textwrap.dedent(
-    """
-    import importlib.abc, sys
-
-    class NoTensorFlow(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
-                raise ImportError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, NoTensorFlow())
-    """
-)
+from tests.test_case import BLOCK_TENSORFLOW, REPO_ROOT
 
 
 def test_tiny_run_on_jax_without_tensorflow(tmp_path):
@@ -50,7 +34,7 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
 
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCKER)
+    (site / "sitecustomize.py").write_text(BLOCK_TENSORFLOW)
     out = tmp_path / "gpu_check.json"
     environment = dict(
         os.environ,

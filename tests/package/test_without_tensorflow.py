@@ -8,19 +8,12 @@ import subprocess
 import sys
 import textwrap
 
-from tests.test_case import REPO_ROOT
+from tests.test_case import BLOCK_TENSORFLOW, REPO_ROOT
 
-SCRIPT = textwrap.dedent(
+SCRIPT = BLOCK_TENSORFLOW + textwrap.dedent(
     """
-    import importlib.abc, json, os, sys, tempfile
+    import json, os, sys, tempfile
 
-    class NoTensorFlow(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
-                raise ImportError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, NoTensorFlow())
     os.environ["KERAS_BACKEND"] = "jax"
     import keras
     import numpy as np
