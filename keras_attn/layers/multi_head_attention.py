@@ -19,13 +19,17 @@ _HEAD_PROJECTION = "abc,cde->abde"
 _OUTPUT_PROJECTION = "abcd,cde->abe"
 
 
-def _project(dense, inputs):
-    """`dense(inputs)`; on TensorFlow a plain rank-3 projection is one matmul.
+def _project(dense, inputs, scale=None):
+    """`dense(inputs)`, times `scale` if given; on TensorFlow a plain rank-3
+    projection is one matmul.
 
     TensorFlow computes Keras's `abc,cde->abde` as a batched matmul that
     broadcasts the kernel over the batch, whose kernel gradient is a
     per-example product summed over the batch. Flattening the tokens gives one
     `(B*T, d) x (d, N*H)` matmul forward and backward, with the same weights.
+    There `scale` multiplies the float kernel and bias, not the `(B, T, N, H)`
+    outputs, and the bias is added in the head layout (TensorFlow's bfloat16
+    add over the flat `(B*T, N*H)` rows is the slower kernel on CPU).
     Whatever is not a plain float projection (quantized, LoRA, an activity
     regularizer, another equation, another backend) goes through the
     sublayer's own `__call__`.
@@ -36,11 +40,19 @@ def _project(dense, inputs):
         or dense.quantization_mode is not None
         or dense.lora_enabled
         or dense.activity_regularizer is not None
+        or (scale is not None and dense.activation is not keras.activations.linear)
     ):
-        return dense(inputs)
+        outputs = dense(inputs)
+        if scale is None:
+            return outputs
+        return ops.multiply(outputs, ops.cast(scale, outputs.dtype))
     dtype = dense.compute_dtype
     inputs = ops.cast(inputs, dtype)
-    kernel = ops.cast(dense.kernel, dtype)
+    kernel, bias = dense.kernel, dense.bias
+    if scale is not None:  # (x W + b) s = x (W s) + b s, scaled in float32
+        kernel = ops.multiply(kernel, ops.cast(scale, kernel.dtype))
+        bias = None if bias is None else ops.multiply(bias, ops.cast(scale, bias.dtype))
+    kernel = ops.cast(kernel, dtype)
     batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
     if dense.equation == _HEAD_PROJECTION:
         model_dim, heads, head_dim = kernel.shape
@@ -48,20 +60,18 @@ def _project(dense, inputs):
             ops.reshape(inputs, (-1, model_dim)),  # (B*T, d)
             ops.reshape(kernel, (model_dim, heads * head_dim)),
         )  # (B*T, N*H)
-        if dense.bias is not None:
-            outputs = outputs + ops.reshape(
-                ops.cast(dense.bias, dtype), (heads * head_dim,)
-            )
         outputs = ops.reshape(outputs, (batch, length, heads, head_dim))  # (B,T,N,H)
+        if bias is not None:
+            outputs = outputs + ops.cast(bias, dtype)  # (N, H)
     else:
         heads, head_dim, output_dim = kernel.shape
         outputs = ops.matmul(
             ops.reshape(inputs, (-1, heads * head_dim)),  # (B*T, N*H)
             ops.reshape(kernel, (heads * head_dim, output_dim)),
         )  # (B*T, d_out)
-        if dense.bias is not None:
-            outputs = outputs + ops.cast(dense.bias, dtype)
         outputs = ops.reshape(outputs, (batch, length, output_dim))  # (B, T, d_out)
+        if bias is not None:
+            outputs = outputs + ops.cast(bias, dtype)
     return dense.activation(outputs)
 
 
@@ -618,7 +628,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             cache,
             cache_update_index,
         )
-        query_heads = _project(self.query_dense, query)  # (B, Tq, N, H)
+        # The 1/sqrt(key_dim) of the logits is applied to the query heads
+        # here (folded into the projection's weights where that is one matmul).
+        query_heads = _project(
+            self.query_dense, query, scale=1.0 / math.sqrt(self.key_dim)
+        )  # (B, Tq, N, H), scaled
         gate = _project(self.gate_dense, query) if self.use_gate else None
         if cache is None or cache_update_index is not None:
             new_keys, new_values = self.compute_key_value(value, key)  # (B,Tv,N,H)
@@ -680,7 +694,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             mask=(
                 None if explicit_mask is None else ops.expand_dims(explicit_mask, 1)
             ),  # (B, 1, Tq, Tk)
-            scale=1.0 / math.sqrt(self.key_dim),
+            scale=1.0,  # the query heads are scaled
             return_weights=return_attention_scores,
             dropout_rate=self.dropout,
             training=training,

@@ -515,7 +515,8 @@ def _explicit_attention(query, key, value, mask, scale, dropout_rate, seed_gener
     # once, and the backward pass transposes no (Tq, Tk) tensor.
     query = ops.transpose(ops.cast(query, logits_dtype), (0, 2, 1, 3))  # (B, N, Tq, H)
     key = ops.transpose(ops.cast(key, logits_dtype), (0, 2, 3, 1))  # (B, N, H, Tk)
-    query = ops.multiply(query, ops.cast(scale, logits_dtype))
+    if not (isinstance(scale, numbers.Number) and scale == 1.0):
+        query = ops.multiply(query, ops.cast(scale, logits_dtype))
     logits = ops.matmul(query, key)  # (B, N, Tq, Tk)
     weights = masked_softmax(logits, mask)  # float32 (B, N, Tq, Tk)
     weights = ops.cast(weights, value.dtype)
