@@ -455,6 +455,13 @@ def write_metrics(
     return path
 
 
+def training_minutes(metrics: dict):
+    """The summary's training time: minutes trained by this command, or a
+    dash when it trained nothing (`--evaluate-only`, a finished run)."""
+    seconds = metrics.get("train_seconds")
+    return "- (not trained by this command)" if seconds is None else seconds / 60
+
+
 def summary_table(rows: list[tuple[str, object]], title: str = "summary") -> str:
     """A two-column plain-text table."""
     width = max(len(name) for name, _ in rows)

@@ -222,7 +222,7 @@ def main(argv=None) -> dict:
             [
                 ("test accuracy", metrics["test_accuracy"]),
                 ("validation accuracy", metrics["validation_accuracy"]),
-                ("training minutes", metrics.get("train_seconds", 0.0) / 60),
+                ("training minutes", _cli.training_minutes(metrics)),
                 ("dtype policy", policy),
                 ("test examples", len(splits.test)),
                 ("model", str(out / "model.keras")),

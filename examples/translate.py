@@ -288,7 +288,7 @@ def main(argv=None) -> dict:
                     if knn
                     else []
                 ),
-                ("training minutes", metrics.get("train_seconds", 0.0) / 60),
+                ("training minutes", _cli.training_minutes(metrics)),
                 ("dtype policy", policy),
                 ("model", str(out / "model.keras")),
                 ("export", str(export_dir or "-")),

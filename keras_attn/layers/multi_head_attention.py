@@ -102,9 +102,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
       `(key_cache, value_cache)` tuple or keras-hub's stacked tensor;
     - `flash_attention` with a definite meaning (see below), the choice of
       path being made by `keras_attn.ops.attention_path`;
-    - numerics: the softmax runs in float32 under every dtype policy, and a
-      query whose keys are all masked gets zero weights and a zero output row
-      (Keras averages the values for it);
+    - numerics: the softmax runs in float32 under every dtype policy and on
+      every path (Keras's runs in the compute dtype when it returns the
+      scores or applies dropout), and a query whose keys are all masked gets
+      zero weights and a zero output row (Keras averages the values for it);
     - an explicit `query_mask` is combined with the query's Keras mask (Keras
       replaces the argument by the Keras mask).
 

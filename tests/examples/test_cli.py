@@ -69,6 +69,15 @@ def test_evaluate_only_keeps_the_training_figures(tmp_path):
     assert written["evaluated_only"] == config
 
 
+def test_the_summary_says_when_a_command_trained_nothing():
+    # --evaluate-only: the command's own metrics have no training time, and
+    # its summary must not claim 0 minutes of training.
+    assert cli.training_minutes({"test_bleu": 2.0}) == "- (not trained by this command)"
+    assert cli.training_minutes({"train_seconds": 90.0}) == 1.5
+    table = cli.summary_table([("training minutes", cli.training_minutes({}))])
+    assert "0.0000" not in table
+
+
 def test_steps_set_the_epochs_and_turn_the_budget_off():
     args = parse(["--steps", "25"])
     assert args.time_budget is None
