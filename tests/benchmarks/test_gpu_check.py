@@ -82,6 +82,28 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
     } == {"memory_efficient"}
     assert all(row["empty_rows_zero"] and row["finite"] for row in numerics)
     assert any(row["empty_rows"] for row in numerics)
+    # float32 rows run at the reference's matmul precision (not TF32 on a GPU).
+    assert all(
+        row["matmul_precision"] == "highest"
+        for row in numerics
+        if row["policy"] == "float32"
+    )
+    # Gradient differences are reported per variable of the layer, as shares of
+    # the largest gradient of any variable.
+    gradient_rows = [row for row in report["numerics"] if "gradients" in row]
+    assert {(row["case"], row["policy"]) for row in gradient_rows} == {
+        (case, policy)
+        for case in ("padding", "causal")
+        for policy in ("float32", "mixed_float16", "mixed_bfloat16")
+    }
+    for row in gradient_rows:
+        assert set(row["per_variable"]) == {
+            f"{name}/{kind}"
+            for name in ("query", "key", "value", "attention_output")
+            for kind in ("kernel", "bias")
+        }
+        assert row["max_relative_difference"] == max(row["per_variable"].values())
+        assert row["worst_variable"] in row["per_variable"]
 
     training = report["training"]
     assert training["policy"] == "mixed_float16"
