@@ -19,7 +19,9 @@ from keras_attn.layers import (
     PositionEmbedding,
     SinusoidalPositionEncoding,
     TokenAndPositionEmbedding,
+    TransformerDecoder,
     TransformerDecoderBlock,
+    TransformerEncoder,
     TransformerEncoderBlock,
 )
 from keras_attn.models import (
@@ -29,6 +31,12 @@ from keras_attn.models import (
     TransformerLanguageModel,
     TransformerTranslator,
 )
+
+# What a saved model's config or compile config can name, registered here so
+# that `keras.saving.load_model` resolves it after `import keras_attn` alone
+# (the loss of the example scripts; the tokenizers, which need TensorFlow,
+# are deserialized by the models' `from_config`). Imports no TensorFlow.
+from keras_attn.training import losses as _losses  # noqa: F401
 
 __version__ = "0.2.0"
 
@@ -45,7 +53,9 @@ __all__ = [
     "TextClassifier",
     "TextClassifierEnsemble",
     "TokenAndPositionEmbedding",
+    "TransformerDecoder",
     "TransformerDecoderBlock",
+    "TransformerEncoder",
     "TransformerEncoderBlock",
     "TransformerLanguageModel",
     "TransformerTranslator",

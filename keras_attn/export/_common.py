@@ -53,6 +53,15 @@ def clean_text(text, max_chars: int):
     return tf.strings.substr(text, 0, max_chars, unit="UTF8_CHAR")
 
 
+def valid_utf8(text):
+    """Strings out, valid UTF-8: a byte sequence that is not (a byte-level
+    vocabulary's tokens can decode to one) replaced by U+FFFD, as the eager
+    task methods decode their text."""
+    return tf.strings.unicode_transcode(
+        text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+
+
 def write_export(
     archive, path: Path, metadata: dict, extra_assets: dict | None = None
 ) -> Path:

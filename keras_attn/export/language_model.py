@@ -11,6 +11,7 @@ from keras_attn.export._common import (
     clean_text,
     next_version_dir,
     run_samples,
+    valid_utf8,
     write_export,
 )
 from keras_attn.memory.continuous_cache import ContinuousCache
@@ -41,7 +42,7 @@ def language_model_serving_fns(
         new_tokens = model.continue_ids(
             tokenizer.tokenize(prompt), max_new_tokens, context_length
         )
-        return {"completion": tokenizer.detokenize(new_tokens)}
+        return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}
 
     def score(text):
         text = clean_text(text, max_chars=max_chars)
@@ -61,7 +62,7 @@ def export_language_model(
     model_name: str = "language_model",
     version: int | None = None,
     context_length: int | None = None,
-    max_new_tokens: int = 64,
+    max_new_tokens: int | None = None,
     max_chars: int = 100_000,
     continuous_cache: ContinuousCache | None = None,
 ) -> Path:
@@ -71,9 +72,11 @@ def export_language_model(
     Signatures (`<base_dir>/<model_name>/<version>/`):
 
     - `serving_default`: `prompt` (string `[batch]`) -> `completion` (string
-      `[batch]`): greedy decoding of at most `max_new_tokens` tokens after the
-      start token and the prompt (long prompts keep their last tokens), over
-      the KV cache, stopping at the end token.
+      `[batch]`, valid UTF-8: U+FFFD where the tokens decode to bytes that
+      are not): greedy decoding after the start token and the prompt, over
+      the KV cache, stopping at the end token; `max_new_tokens` and what
+      long prompts keep are `model.generate`'s rule (None: until the
+      context of `context_length` tokens is full).
     - `score`: `text` (string `[batch]`) -> `log_likelihood` (float32
       `[batch]`, the natural-log probability of all the text's tokens and the
       end token given the start token) and `num_tokens` (int32 `[batch]`, the
@@ -103,12 +106,7 @@ def export_language_model(
         )
     if context_length is None:
         context_length = model.sequence_length
-    if max_new_tokens >= context_length:
-        raise ValueError(
-            "`max_new_tokens` must leave room for the prompt in the context. "
-            f"Received: max_new_tokens={max_new_tokens}, "
-            f"context_length={context_length}"
-        )
+    model._prompt_room(max_new_tokens, context_length)  # raises if it does not fit
     path = next_version_dir(base_dir, model_name, version)
     complete, score, serving_tokenizer = language_model_serving_fns(
         model, context_length, max_new_tokens, max_chars, continuous_cache

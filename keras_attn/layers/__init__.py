@@ -10,8 +10,14 @@ from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
-from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
-from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attn.layers.transformer_decoder_block import (
+    TransformerDecoder,
+    TransformerDecoderBlock,
+)
+from keras_attn.layers.transformer_encoder_block import (
+    TransformerEncoder,
+    TransformerEncoderBlock,
+)
 
 __all__ = [
     "AttentionPooling",
@@ -24,6 +30,8 @@ __all__ = [
     "PositionEmbedding",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
+    "TransformerDecoder",
     "TransformerDecoderBlock",
+    "TransformerEncoder",
     "TransformerEncoderBlock",
 ]

@@ -7,13 +7,28 @@ writes the residual equations once:
     post-norm (Vaswani et al.):  x = LayerNorm(x + Dropout(Sublayer(x)))
     pre-norm (normalize_first):  x = x + Dropout(Sublayer(LayerNorm(x)))
 
-Sublayer names and creation order follow `keras_hub.layers.TransformerEncoder`
-and `TransformerDecoder`, so weights copy between the two by
-`set_weights(get_weights())`.
+The structure is keras-hub's: the sublayers have the names, the creation
+order and the (private) attribute names of `keras_hub.layers.TransformerEncoder`
+and `TransformerDecoder`, and the block classes are named as keras-hub's, so
+that weights copy by `set_weights(get_weights())` and `.weights.h5` files load
+both ways (Keras's saver names a sublayer's group after the attribute that
+holds it, and a layer inside a functional model after its class name). A
+block has no public attribute that holds a sublayer: the saver would name the
+group after it.
+
+`legacy_block_class` makes the classes that read `.keras` files saved before
+that structure (classes `TransformerEncoderBlock` / `TransformerDecoderBlock`
+with public sublayer attributes). The models, which build their blocks
+themselves, record `block_structure_config()` in their configs and build
+their blocks with `block_class` inside `blocks_of_config(config)`: a config
+saved before (without the entry) gets blocks of the old structure, so the
+weights of its `.keras` file load.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
 
 import keras
@@ -32,7 +47,7 @@ def clone_initializer(initializer):
 
 
 class TransformerBlockBase(keras.layers.Layer):
-    """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`."""
+    """Base of `TransformerEncoder` and `TransformerDecoder`."""
 
     def __init__(
         self,
@@ -161,9 +176,14 @@ class TransformerBlockBase(keras.layers.Layer):
         )
 
     def _build_feed_forward(self, shape):
-        """The two position-wise dense layers `max(0, x W1 + b1) W2 + b2`."""
+        """The two position-wise dense layers `max(0, x W1 + b1) W2 + b2`.
+
+        The block creates the feed-forward layer norm and dropout itself, in
+        keras-hub's order (the encoder's norm before the dense layers, the
+        decoder's after them).
+        """
         model_dim = shape[-1]
-        self.feedforward_intermediate_dense = keras.layers.Dense(
+        self._feedforward_intermediate_dense = keras.layers.Dense(
             self.intermediate_dim,
             activation=self.activation,
             kernel_initializer=clone_initializer(self.kernel_initializer),
@@ -171,16 +191,17 @@ class TransformerBlockBase(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="feedforward_intermediate_dense",
         )
-        self.feedforward_intermediate_dense.build(shape)
-        self.feedforward_output_dense = keras.layers.Dense(
+        self._feedforward_intermediate_dense.build(shape)
+        self._feedforward_output_dense = keras.layers.Dense(
             model_dim,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name="feedforward_output_dense",
         )
-        self.feedforward_output_dense.build((*tuple(shape)[:-1], self.intermediate_dim))
-        self.feedforward_dropout = self._dropout("feedforward_dropout")
+        self._feedforward_output_dense.build(
+            (*tuple(shape)[:-1], self.intermediate_dim)
+        )
 
     # -- the residual equations ------------------------------------------------
 
@@ -194,14 +215,14 @@ class TransformerBlockBase(keras.layers.Layer):
         return x if self.normalize_first else norm(x)
 
     def _feed_forward_block(self, x, training):
-        hidden = self.feedforward_intermediate_dense(
-            self._pre(x, self.feedforward_layer_norm)
+        hidden = self._feedforward_intermediate_dense(
+            self._pre(x, self._feedforward_layer_norm)
         )  # (B, T, intermediate_dim)
         return self._post(
             x,
-            self.feedforward_output_dense(hidden),
-            self.feedforward_layer_norm,
-            self.feedforward_dropout,
+            self._feedforward_output_dense(hidden),
+            self._feedforward_layer_norm,
+            self._feedforward_dropout,
             training,
         )
 
@@ -232,3 +253,91 @@ class TransformerBlockBase(keras.layers.Layer):
         )
         # Quantized sublayers keep their policies through save/load.
         return with_quantized_policies(self, config)
+
+
+# A model config records this entry when its blocks have keras-hub's
+# structure; model configs saved by keras-attn 0.2 and earlier lack it.
+BLOCK_STRUCTURE_KEY = "block_structure"
+_KERAS_HUB_STRUCTURE = "keras_hub"
+_old_structure = contextvars.ContextVar("keras_attn_old_block_structure", default=False)
+_LEGACY_CLASSES: dict = {}  # block class -> the class of the old structure
+
+
+def block_structure_config(blocks) -> dict:
+    """The entry of a model's config that says its `blocks` are keras-hub's;
+    none (the old configs' form) when they are of the old structure (a model
+    loaded from an old file saves in its old layout again)."""
+    legacy_classes = tuple(_LEGACY_CLASSES.values())
+    if any(isinstance(block, legacy_classes) for block in blocks):
+        return {}
+    return {BLOCK_STRUCTURE_KEY: _KERAS_HUB_STRUCTURE}
+
+
+@contextlib.contextmanager
+def blocks_of_config(config: dict):
+    """Build a model's blocks in the structure its (saved) `config` names.
+
+    Pops the `block_structure` entry from `config`; inside the context,
+    `block_class` gives the classes of the old structure when the entry is
+    missing (a model saved by keras-attn 0.2 or earlier), so the weights of
+    that model's `.keras` file load.
+    """
+    structure = config.pop(BLOCK_STRUCTURE_KEY, None)
+    if structure not in (None, _KERAS_HUB_STRUCTURE):
+        raise ValueError(
+            f"`{BLOCK_STRUCTURE_KEY}` must be {_KERAS_HUB_STRUCTURE!r} (or absent "
+            f"in configs saved by keras-attn 0.2). Received: "
+            f"{BLOCK_STRUCTURE_KEY}={structure!r}"
+        )
+    token = _old_structure.set(structure is None)
+    try:
+        yield
+    finally:
+        _old_structure.reset(token)
+
+
+def block_class(cls):
+    """`cls`, or its class of the old structure inside `blocks_of_config` of
+    an old config."""
+    return _LEGACY_CLASSES[cls] if _old_structure.get() else cls
+
+
+def legacy_block_class(current_class, name: str, attributes: dict):
+    """The class that loads `.keras` files saved before keras-hub's structure.
+
+    Until keras-attn 0.2 the blocks were classes named `name`
+    (`TransformerEncoderBlock`, `TransformerDecoderBlock`) that held their
+    sublayers in public attributes; their `.keras` files name
+    `keras_attn>{name}` and store the weights in groups named after that
+    class and those attributes. The returned subclass of `current_class` is
+    registered under that name, is named `name` (the group of a layer in a
+    functional model) and has the old public attributes as read-only
+    properties (Keras's saver visits public attributes first), so such
+    files load, and save again, in their own layout. New code uses
+    `current_class` (the public `TransformerEncoderBlock` and
+    `TransformerDecoderBlock` are aliases of it).
+
+    Args:
+        current_class: the block class.
+        name: the old class name.
+        attributes: old public attribute name -> current private one.
+    """
+
+    def alias(private_name):
+        return property(
+            lambda self: getattr(self, private_name, None),
+            doc=f"The sublayer `{private_name}` (layout of old `.keras` files).",
+        )
+
+    namespace = {old: alias(private) for old, private in attributes.items()}
+    namespace["__doc__"] = (
+        f"`{current_class.__name__}` in the layout of the `.keras` files that "
+        f"keras-attn 0.2 and earlier saved (class `{name}`)."
+    )
+    namespace["__module__"] = current_class.__module__
+    legacy = type(name, (current_class,), namespace)
+    legacy.__qualname__ = f"_Legacy{name}"
+    _LEGACY_CLASSES[current_class] = legacy
+    return keras.saving.register_keras_serializable(package="keras_attn", name=name)(
+        legacy
+    )

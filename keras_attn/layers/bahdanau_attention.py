@@ -38,12 +38,8 @@ class BahdanauAttention(BaseAttention):
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments and returns: see `BaseAttention`. The query is one decoder
-    state `(batch, dq)` or a sequence `(batch, Tq, dq)`. One more argument:
-
-        projected_key: `(batch, Tk, units)`, the key's projection `W_k k`
-            from `project_key(key)`. A step-by-step decoder computes it once
-            per source and passes it at every step; the layer then skips the
-            projection (the key itself only fixes the shapes and masks).
+    state `(batch, dq)` or a sequence `(batch, Tq, dq)`; `projected_key` is
+    the key's projection `W_k k` `(batch, Tk, units)` from `project_key(key)`.
 
     Example:
 
@@ -110,49 +106,9 @@ class BahdanauAttention(BaseAttention):
         key = ops.convert_to_tensor(key)
         return ops.matmul(key, ops.cast(self.key_kernel, key.dtype))
 
-    def call(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        return_attention_scores: bool = False,
-        training=None,
-        projected_key=None,
-    ):
-        score_fn = self.score
-        if projected_key is not None:
-            self._check_projected_key(projected_key, value if key is None else key)
-
-            def score_fn(query, key):
-                del key  # already projected
-                return self.score_from_projected_key(query, projected_key)
-
-        return self._attend(
-            score_fn,
-            query,
-            value,
-            key,
-            query_mask,
-            value_mask,
-            key_mask,
-            return_attention_scores,
-            training,
-        )
-
-    def _check_projected_key(self, projected_key, key):
-        shape = tuple(projected_key.shape)
-        expected = (key.shape[0], key.shape[1], self.units)
-        if len(shape) != 3 or any(
-            not v.same_dim(got, want) for got, want in zip(shape, expected, strict=True)
-        ):
-            raise ValueError(
-                "`projected_key` must be `project_key(key)`, of shape "
-                f"(batch, Tk, units) = {expected}. "
-                f"Received: projected_key.shape={shape}"
-            )
+    @property
+    def projected_key_dim(self) -> int:
+        return self.units
 
     def score(self, query, key):
         return self.score_from_projected_key(query, self.project_key(key))
@@ -175,9 +131,6 @@ class BahdanauAttention(BaseAttention):
         return additive_score_from_projections(
             projected_query, projected_key, score_vector, bias
         )  # (B, Tq, Tk)
-
-    def compute_output_spec(self, *args, projected_key=None, **kwargs):
-        return super().compute_output_spec(*args, **kwargs)
 
     def get_config(self):
         config = super().get_config()

@@ -32,9 +32,10 @@ class BahdanauDecoder(keras.layers.Layer):
     sequence; `step` runs one decoding step (the `keras_attn.generation`
     loops call it through a model's `call_with_cache`).
 
-    The attention's query is the cell's first state (`h` of an LSTM). With a
-    `BahdanauAttention`, the memory's projection `W_k h_j` is computed once
-    per call (or once per source with `project_memory`), not at every step.
+    The attention's query is the cell's first state (`h` of an LSTM). The
+    memory's part of the score (`W_k h_j` of a `BahdanauAttention`) is
+    computed once per call (or once per source with `project_memory`), not at
+    every step.
 
     Args:
         cell: a Keras recurrent cell, or an int: `GRUCell(cell)`.
@@ -119,11 +120,17 @@ class BahdanauDecoder(keras.layers.Layer):
         return isinstance(self.attention, BaseAttention)
 
     def project_memory(self, memory):
-        """`W_k h_j` of a `BahdanauAttention` `(B, S, units)`, computed once
-        per source and passed to every `step`; None for other attentions."""
-        if not hasattr(self.attention, "project_key"):
-            return None
-        return self.attention.project_key(ops.cast(memory, self.compute_dtype))
+        """The memory's part of the attention score, computed once per source
+        and passed to every `step` (a beam search keeps it in its cache):
+        the attention's `project_key(memory)` for keras_attn's single-head
+        attentions (`W_k h_j` of a `BahdanauAttention`, `(B, S, units)`; the
+        memory itself for `LuongAttention(score="dot")`), the memory itself
+        for other attentions (which `step` does not give it to). Never None.
+        """
+        memory = ops.cast(memory, self.compute_dtype)
+        if not self._flat_query:
+            return memory
+        return self.attention.project_key(memory)
 
     def initial_state(self, batch_size):
         """Zero states, one per state of the cell."""
@@ -147,8 +154,8 @@ class BahdanauDecoder(keras.layers.Layer):
             inputs: `(B, E)`, this step's input `y_{i-1}`.
             states: the cell's states `s_{i-1}`: a tensor, or a list.
             memory, memory_mask: as in `call`.
-            projected_memory: `project_memory(memory)`, or None (then a
-                `BahdanauAttention` projects the memory itself).
+            projected_memory: `project_memory(memory)`, or None (then the
+                attention projects the memory itself, at this step).
             training: passed to the cell and the attention.
 
         Returns:
@@ -161,7 +168,11 @@ class BahdanauDecoder(keras.layers.Layer):
         query = state_list[0]  # (B, units)
         if not self._flat_query:
             query = query[:, None, :]  # (B, 1, units)
-        extra = {} if projected_memory is None else {"projected_key": projected_memory}
+        extra = (
+            {"projected_key": projected_memory}
+            if projected_memory is not None and self._flat_query
+            else {}
+        )
         context, weights = self.attention(
             query,
             memory,

@@ -21,7 +21,10 @@ class BaseAttention(keras.layers.Layer):
     """Base class of single-head attention layers with a pluggable score.
 
     Subclasses implement `build_score(query_dim, key_dim)` to create their
-    weights and `score(query, key)` returning `(batch, Tq, Tk)` scores.
+    weights and `score(query, key)` returning `(batch, Tq, Tk)` scores; a
+    score with a part that depends on the key alone also splits it out as
+    `project_key(key)` and `score_from_projected_key(query, projected_key)`
+    (the default projection is the key itself).
 
     Args:
         dropout: dropout rate on the attention weights, in [0, 1).
@@ -40,6 +43,10 @@ class BaseAttention(keras.layers.Layer):
         return_attention_scores: also return the attention weights (after the
             softmax).
         training: whether dropout is active.
+        projected_key: `project_key(key)`, computed once per source. A
+            step-by-step decoder passes it at every step; the layer then
+            scores against it and skips the key's part of the score (the key
+            itself only fixes the shapes and masks).
 
     Returns:
         The context `(batch, dv)` for a single state or `(batch, Tq, dv)` for a
@@ -66,6 +73,27 @@ class BaseAttention(keras.layers.Layer):
         """`(batch, Tq, dq), (batch, Tk, dk) -> (batch, Tq, Tk)` scores."""
         raise NotImplementedError
 
+    def project_key(self, key):
+        """The part of the score that depends on the key alone,
+        `(batch, Tk, dk) -> (batch, Tk, projected_key_dim)`: the key itself
+        here; subclasses with a key projection return it (`W_k k`).
+
+        A step-by-step decoder (or a beam search's cache) computes it once per
+        source and passes it to every step's call as `projected_key`. Every
+        attention of this family has one, so a decoding recipe need not ask
+        which kind it holds.
+        """
+        return ops.convert_to_tensor(key)
+
+    @property
+    def projected_key_dim(self) -> int:
+        """The last dimension of `project_key(key)` (on a built layer)."""
+        return self.key_dim
+
+    def score_from_projected_key(self, query, projected_key):
+        """Scores `(batch, Tq, Tk)` of a query and `project_key(key)`."""
+        return self.score(query, projected_key)
+
     # -- Keras anatomy ---------------------------------------------------------
 
     def build(self, query_shape, value_shape, key_shape=None):
@@ -86,7 +114,8 @@ class BaseAttention(keras.layers.Layer):
                 f"Received: query.shape={tuple(query_shape)}, "
                 f"key.shape={tuple(key_shape)}"
             )
-        self.build_score(int(query_dim), int(key_dim))
+        self.query_dim, self.key_dim = int(query_dim), int(key_dim)
+        self.build_score(self.query_dim, self.key_dim)
         self.built = True
 
     def _check_call_inputs(self, query, value, key, query_mask, value_mask, key_mask):
@@ -111,9 +140,18 @@ class BaseAttention(keras.layers.Layer):
         key_mask=None,
         return_attention_scores: bool = False,
         training=None,
+        projected_key=None,
     ):
+        score_fn = self.score
+        if projected_key is not None:
+            self._check_projected_key(projected_key, value if key is None else key)
+
+            def score_fn(query, key):
+                del key  # already projected
+                return self.score_from_projected_key(query, projected_key)
+
         return self._attend(
-            self.score,
+            score_fn,
             query,
             value,
             key,
@@ -123,6 +161,18 @@ class BaseAttention(keras.layers.Layer):
             return_attention_scores,
             training,
         )
+
+    def _check_projected_key(self, projected_key, key):
+        shape = tuple(projected_key.shape)
+        expected = (key.shape[0], key.shape[1], self.projected_key_dim)
+        if len(shape) != 3 or any(
+            not v.same_dim(got, want) for got, want in zip(shape, expected, strict=True)
+        ):
+            raise ValueError(
+                "`projected_key` must be `project_key(key)`, of shape "
+                f"(batch, Tk, projected_key_dim) = {expected}. "
+                f"Received: projected_key.shape={shape}"
+            )
 
     def _attend(
         self,
@@ -176,9 +226,12 @@ class BaseAttention(keras.layers.Layer):
         key_mask=None,
         return_attention_scores: bool = False,
         training=None,
+        projected_key=None,
     ):
         key = value if key is None else key
         self._check_call_inputs(query, value, key, query_mask, value_mask, key_mask)
+        if projected_key is not None:
+            self._check_projected_key(projected_key, key)
         context = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape, key.shape),
             dtype=self.compute_dtype,

@@ -9,7 +9,12 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn.layers.base_attention import BaseAttention
-from keras_attn.ops.scores import concat_score, dot_score, general_score
+from keras_attn.ops.scores import (
+    additive_score_from_projections,
+    concat_score,
+    dot_score,
+    general_score,
+)
 
 SCORES = ("dot", "general", "concat")
 SCALES = (None, "sqrt_dim", "learned")
@@ -43,7 +48,8 @@ class LuongAttention(BaseAttention):
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments and returns: see `BaseAttention`. The query is one decoder
-    state `(batch, dq)` or a sequence `(batch, Tq, dq)`.
+    state `(batch, dq)` or a sequence `(batch, Tq, dq)`; `projected_key` is
+    `project_key(key)`, the key's part of the score.
 
     Example:
 
@@ -94,7 +100,6 @@ class LuongAttention(BaseAttention):
                 "use score='general' to score different sizes. "
                 f"Received: query_dim={query_dim}, key_dim={key_dim}"
             )
-        self.key_dim = key_dim
         if self.score_mode == "general":
             self.kernel = self.add_weight(
                 name="kernel",
@@ -127,11 +132,62 @@ class LuongAttention(BaseAttention):
             scores = general_score(query, key, self.kernel)
         else:
             scores = concat_score(query, key, self.kernel, self.score_vector)
+        return self._scale_scores(scores)  # (B, Tq, Tk)
+
+    def project_key(self, key):
+        """The key's part of the score, `(batch, Tk, dk) -> (batch, Tk, p)`:
+        the key itself for `"dot"` (`p = dk`), `k Wᵀ` for `"general"`
+        (`p = dq`: `qᵀ W k = q · (W k)`), `W_k k` for `"concat"` (`p = units`,
+        `W [q; k] = W_q q + W_k k`); on a built layer.
+
+        In a step-by-step decoder loop compute it once per source and pass it
+        to every step's call as `projected_key`.
+        """
+        key = ops.convert_to_tensor(key)
+        if self.score_mode == "dot":
+            return key
+        # float16 products can pass 65504: project in float32 as the scores do.
+        dtype = (
+            "float32"
+            if keras.backend.standardize_dtype(key.dtype) == "float16"
+            else key.dtype
+        )
+        key = ops.cast(key, dtype)
+        if self.score_mode == "general":
+            return ops.matmul(
+                key, ops.transpose(ops.cast(self.kernel, dtype))
+            )  # (B, Tk, dq)
+        key_kernel = self.kernel[self.query_dim :]  # W_k (dk, units)
+        return ops.matmul(key, ops.cast(key_kernel, dtype))  # (B, Tk, units)
+
+    @property
+    def projected_key_dim(self) -> int:
+        return {"dot": self.key_dim, "general": self.query_dim}.get(
+            self.score_mode, self.units
+        )
+
+    def score_from_projected_key(self, query, projected_key):
+        """Scores `(batch, Tq, Tk)` of a query and `project_key(key)`."""
+        if self.score_mode in ("dot", "general"):
+            scores = dot_score(query, projected_key)  # qᵀ k or q · (W k)
+        else:
+            query_kernel = self.kernel[: self.query_dim]  # W_q (dq, units)
+            projected_query = ops.matmul(
+                query, ops.cast(query_kernel, query.dtype)
+            )  # (B, Tq, units)
+            scores = additive_score_from_projections(
+                projected_query,
+                ops.cast(projected_key, projected_query.dtype),
+                self.score_vector,
+            )
+        return self._scale_scores(scores)  # (B, Tq, Tk)
+
+    def _scale_scores(self, scores):
         if self.scale == "sqrt_dim":
             scores = scores / ops.cast(math.sqrt(self.key_dim), scores.dtype)
         elif self.scale == "learned":
             scores = scores * ops.cast(self.scale_factor, scores.dtype)
-        return scores  # (B, Tq, Tk)
+        return scores
 
     def get_config(self):
         config = super().get_config()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import keras
 from keras import ops
 
@@ -11,7 +9,14 @@ from keras_attn import _validation as v
 from keras_attn.layers._policies import with_quantized_policies
 from keras_attn.ops.attention import check_flash_attention, dot_product_attention
 from keras_attn.ops.cache import update_cache
-from keras_attn.ops.masks import combine_masks, padding_mask, rows_with_keys
+from keras_attn.ops.masks import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    rows_with_keys,
+    sliding_window_mask,
+    split_attention_mask,
+)
 
 # The einsum equations of Keras's rank-3 projections: (B, T, d) -> (B, T, N, H)
 # and (B, T, N, H) -> (B, T, d_out).
@@ -75,6 +80,19 @@ def _project(dense, inputs, scale=None):
     return dense.activation(outputs)
 
 
+def _check_size(name, value, allow_none=False):
+    """A head count or size: a positive int (or `None` where allowed), refused
+    in Keras's words ("... argument `num_heads` ...")."""
+    if value is None and allow_none:
+        return
+    if not v.is_int(value) or value < 1:
+        raise ValueError(
+            f"Received an invalid value for argument `{name}`, expected a "
+            f"positive integer{' or `None`' if allow_none else ''}. "
+            f"Received: {name}={value!r}"
+        )
+
+
 def _product(dims):
     result = 1
     for dim in dims:
@@ -108,6 +126,15 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
       zero weights and a zero output row (Keras averages the values for it);
     - an explicit `query_mask` is combined with the query's Keras mask (Keras
       replaces the argument by the Keras mask).
+
+    Keras's override point is kept: `call` projects the heads and calls
+    `self._compute_attention(query, key, value, attention_mask, training,
+    return_attention_scores)` with Keras's meaning, keras-attn's path
+    dispatch inside it; a subclass that overrides it (keras-hub's models do)
+    gets every mask combined into `attention_mask`, as Keras gives it. The
+    variables, their order and paths, and the one seed generator of the
+    dropout (Keras's `_dropout_layer`, which every path draws from) are
+    Keras's.
 
     Args:
         num_heads: number of heads.
@@ -163,14 +190,27 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             `query`.
         value_mask: boolean `(batch, Tv)`; filled from a Keras mask.
         key_mask: boolean `(batch, Tv)`; filled from a Keras mask.
-        attention_mask: boolean `(batch, Tq, Tv)`, `True` for pairs that take
-            part; combined with the padding masks. With higher-rank inputs,
-            broadcastable to `(batch, <other axes>, <query attention axes>,
-            <key attention axes>)` as in Keras.
+        attention_mask: boolean, `True` for the query-key pairs that take
+            part; combined with the padding masks, the causal mask and the
+            window. Every form Keras takes, broadcast as Keras broadcasts it:
+            `(Tq, Tv)` (rank 2: shared by the batch), `(batch, Tq, Tv)`
+            (rank 3, shared by the heads) or `(batch, heads, Tq, Tv)`
+            (rank 4), any axis of size 1 broadcasting, so a key padding mask
+            `(batch, 1, Tv)` or `(batch, 1, 1, Tv)` works. A rank-2 mask is
+            `(Tq, Tv)`, as in Keras: a `(batch, Tv)` padding mask goes in
+            `value_mask` (a mask that does not broadcast is refused). Key
+            and query padding masks in these forms reach the
+            memory-efficient path as padding, and a shared mask without its
+            batch axis. With higher-rank inputs: broadcastable to Keras's
+            scores `(batch, <other axes>, heads, <query attention axes>,
+            <key attention axes>)`, missing axes inserted before the query
+            axes.
         return_attention_scores: also return the weights.
         training: whether dropout is active.
         use_causal_mask: mask future keys (`j > i`; `j > i + cache_update_index`
-            when decoding with a cache).
+            when decoding with a cache). With higher-rank inputs it needs
+            `attention_axes=(1,)` (Keras builds the mask over axis 1), as
+            `sliding_window` does.
         cache: optional KV cache, `(batch, Tmax, heads, head_dim)` keys and
             values, either as a tuple `(key_cache, value_cache)` or stacked
             as keras-hub's `CachedMultiHeadAttention` takes it,
@@ -227,9 +267,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         output_dim: int | None = None,
         **kwargs,
     ):
-        v.check_positive_int("num_heads", num_heads)
-        v.check_positive_int("key_dim", key_dim)
-        v.check_positive_int("value_dim", value_dim, allow_none=True)
+        _check_size("num_heads", num_heads)
+        _check_size("key_dim", key_dim)
+        _check_size("value_dim", value_dim, allow_none=True)
         dropout = v.check_rate("dropout", dropout)
         output_shape = self._check_output_shape(output_shape, output_dim)
         if attention_axes is not None and not (
@@ -289,7 +329,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self.sliding_window = sliding_window
         self.use_gate = use_gate
         self._projection_shape = output_shape  # None or a tuple
-        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
+        # The dropout draws from Keras's `_dropout_layer` (its seed generator),
+        # on every path: the layer owns Keras's one seed generator.
 
     @staticmethod
     def _check_output_shape(output_shape, output_dim):
@@ -313,8 +354,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             or not all(v.is_int(dim) and dim > 0 for dim in dims)
         ):
             raise ValueError(
-                "`output_shape` must be a positive int or a tuple of positive "
-                f"ints. Received: output_shape={output_shape!r}"
+                "Invalid `output_shape`: it must be a positive int or a tuple "
+                f"of positive ints. Received: output_shape={output_shape!r}"
             )
         return tuple(int(dim) for dim in dims)
 
@@ -378,6 +419,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
 
     @staticmethod
     def _check_shapes(query_shape, value_shape, key_shape):
+        # Keras compares value and key first (its error for any mismatch).
+        if len(key_shape) != len(value_shape) or not all(
+            v.same_dim(a, b)
+            for a, b in zip(value_shape[1:-1], key_shape[1:-1], strict=True)
+        ):
+            raise ValueError(
+                "All dimensions of `value` and `key`, except the last one, must "
+                f"be equal. Received: value.shape={value_shape}, "
+                f"key.shape={key_shape}"
+            )
         for name, shape in (
             ("query", query_shape),
             ("value", value_shape),
@@ -397,15 +448,6 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 "`query` and `value` must have the same rank. Received: "
                 f"query.shape={query_shape}, value.shape={value_shape}"
-            )
-        if len(key_shape) != len(value_shape) or not all(
-            v.same_dim(a, b)
-            for a, b in zip(value_shape[1:-1], key_shape[1:-1], strict=True)
-        ):
-            raise ValueError(
-                "All dimensions of `value` and `key`, except the last one, must "
-                f"be equal. Received: value.shape={value_shape}, "
-                f"key.shape={key_shape}"
             )
 
     # -- caches ------------------------------------------------------------------
@@ -491,23 +533,83 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                         "mask inputs of higher rank with `attention_mask`. "
                         f"Received: {name} with query.shape={tuple(query.shape)}"
                     )
+            axes = self._normalized_axes(rank)
             for name, value in (
                 ("use_causal_mask", use_causal_mask),
                 ("sliding_window", self.sliding_window),
             ):
-                if value:
+                if value and axes != (1,):
                     raise ValueError(
-                        f"`{name}` needs rank-3 inputs (attention over axis 1). "
-                        f"Received: {name}={value!r}, "
+                        f"`{name}` needs attention over axis 1 alone "
+                        "(`attention_axes=(1,)`, or rank-3 inputs), as Keras "
+                        "builds it over axis 1. Received: "
+                        f"{name}={value!r}, attention_axes={self.attention_axes!r}, "
                         f"query.shape={tuple(query.shape)}"
                     )
+            self._check_attention_mask(attention_mask, query, key_length)
             return
         batch, query_length = query.shape[0], query.shape[1]
         v.check_mask_shape("query_mask", query_mask, (batch, query_length))
         v.check_mask_shape("value_mask", value_mask, (batch, key_length))
         v.check_mask_shape("key_mask", key_mask, (batch, key_length))
-        v.check_mask_shape(
-            "attention_mask", attention_mask, (batch, query_length, key_length)
+        self._check_attention_mask(attention_mask, query, key_length)
+
+    def _scores_shape(self, query_shape, key_length):
+        """Keras's attention-scores shape for a query of `query_shape`:
+        `(B, <other axes>, N, <query axes>, <key axes>)` and the number of
+        attention axes. `key_length` is the key's axis-1 size (rank 3) or the
+        key's whole shape (higher ranks)."""
+        rank = len(query_shape)
+        if rank == 3:
+            return (query_shape[0], self.num_heads, query_shape[1], key_length), 1
+        axes = self._normalized_axes(rank)
+        other = [a for a in range(1, rank - 1) if a not in axes]
+        key_shape = key_length if isinstance(key_length, tuple) else None
+        return (
+            query_shape[0],
+            *(query_shape[a] for a in other),
+            self.num_heads,
+            *(query_shape[a] for a in axes),
+            *(None if key_shape is None else key_shape[a] for a in axes),
+        ), len(axes)
+
+    def _check_attention_mask(self, attention_mask, query, key_length):
+        """Keras's rule: `attention_mask` broadcasts to the scores
+        `(B, <other axes>, N, <query axes>, <key axes>)`, missing axes being
+        inserted before the query axes (a rank-2 mask is `(Tq, Tk)`, a rank-3
+        one `(B, Tq, Tk)` with rank-3 inputs)."""
+        if attention_mask is None:
+            return
+        target, num_axes = self._scores_shape(tuple(query.shape), key_length)
+        shape = tuple(attention_mask.shape)
+        if 2 * num_axes <= len(shape) <= len(target):
+            expanded = (
+                shape[: len(shape) - 2 * num_axes]
+                + (1,) * (len(target) - len(shape))
+                + shape[len(shape) - 2 * num_axes :]
+            )
+            if all(
+                got is None or want is None or got in (1, want)
+                for got, want in zip(expanded, target, strict=True)
+            ):
+                return
+        hint = ""
+        if len(query.shape) == 3 and len(shape) == 2:
+            hint = (
+                " A rank-2 mask is (Tq, Tk), as in Keras: pass a key padding "
+                "mask (batch, Tk) as `value_mask`, or as (batch, 1, Tk)."
+            )
+        forms = (
+            "(Tq, Tk), (batch, Tq, Tk) or (batch, heads, Tq, Tk), any axis of "
+            "size 1 broadcasting"
+            if len(query.shape) == 3
+            else "(batch, <other axes>, heads, <query axes>, <key axes>) with "
+            "axes left out before the query axes or of size 1"
+        )
+        raise ValueError(
+            f"`attention_mask` must broadcast to the attention scores {target} "
+            f"(None: any size) as in Keras: {forms}.{hint} "
+            f"Received: attention_mask.shape={shape}"
         )
 
     def _layout(self, rank: int):
@@ -518,7 +620,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         `(B, <other axes>, <attention axes>, N, H)`; it is `None` for rank-3
         inputs attending over axis 1 (nothing to move).
         """
-        axes = tuple(self.attention_axes)
+        axes = self._normalized_axes(rank - 1)
         other = tuple(a for a in range(1, rank - 2) if a not in axes)
         if rank == 4 and axes == (1,):
             return None, (), axes
@@ -535,36 +637,58 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         length = _product(shape[1 + len(other) : 1 + len(other) + len(axes)])
         return ops.reshape(heads, (-1, length, shape[-2], shape[-1]))
 
-    def _block_mask(self, attention_mask, query_heads, key_heads, layout):
-        """A higher-rank `attention_mask` as `(B', Tq', Tk')` (Keras's
-        broadcasting: missing axes are inserted before the query axes)."""
-        permutation, other, axes = layout
+    def _scores_mask(self, attention_mask, layout):
+        """`attention_mask` in Keras's broadcasting, as a boolean mask of the
+        scores' rank `(B|1, <other>|1, N|1, <query axes>, <key axes>)`."""
+        _, other, axes = layout
         mask = padding_mask(attention_mask)
-        full_rank = 1 + len(other) + 2 * len(axes)
-        while len(mask.shape) < full_rank:
-            mask = ops.expand_dims(mask, len(mask.shape) - 2 * len(axes))
+        scores_rank = 2 + len(other) + 2 * len(axes)
+        while len(mask.shape) < scores_rank:
+            mask = ops.expand_dims(mask, -2 * len(axes) - 1)  # before <query axes>
+        return mask
+
+    def _block_mask(self, attention_mask, query_heads, key_heads, layout):
+        """An `attention_mask` in Keras's broadcasting as the mask of the
+        blocks: `(B'|1, N|1, Tq', Tk')`."""
+        permutation, other, axes = layout
+        mask = self._scores_mask(attention_mask, layout)
+        if permutation is None:  # (B|1, N|1, Tq|1, Tk|1)
+            shape = ops.shape(mask)
+            return ops.broadcast_to(
+                mask,
+                (
+                    shape[0],
+                    shape[1],
+                    ops.shape(query_heads)[1],
+                    ops.shape(key_heads)[1],
+                ),
+            )  # (B|1, N|1, Tq, Tk)
         query_shape = ops.shape(ops.transpose(query_heads, permutation))
         key_shape = ops.shape(ops.transpose(key_heads, permutation))
+        heads = mask.shape[1 + len(other)]
         target = (
-            *query_shape[: 1 + len(other) + len(axes)],
+            *query_shape[: 1 + len(other)],
+            self.num_heads if heads is None or heads != 1 else 1,
+            *query_shape[1 + len(other) : 1 + len(other) + len(axes)],
             *key_shape[1 + len(other) : 1 + len(other) + len(axes)],
-        )  # (B, <other>, <query axes>, <key axes>)
+        )  # (B, <other>, N|1, <query axes>, <key axes>)
         mask = ops.broadcast_to(mask, target)
         return ops.reshape(
             mask,
             (
                 -1,
-                _product(target[1 + len(other) : 1 + len(other) + len(axes)]),
-                _product(target[1 + len(other) + len(axes) :]),
+                target[1 + len(other)],
+                _product(target[2 + len(other) : 2 + len(other) + len(axes)]),
+                _product(target[2 + len(other) + len(axes) :]),
             ),
-        )  # (B', Tq', Tk')
+        )  # (B', N|1, Tq', Tk')
 
-    def _from_blocks(self, attended, weights, has_keys, query_heads, key_heads, layout):
-        """Undo `_to_blocks` on the outputs, the weights (to Keras's layout) and
-        the rows-with-keys mask (to the query's positions)."""
+    def _from_blocks(self, attended, weights, query_heads, key_heads, layout):
+        """Undo `_to_blocks` on the outputs and the weights (to Keras's
+        layout)."""
         permutation, other, axes = layout
         if permutation is None:
-            return attended, weights, has_keys
+            return attended, weights
         query_shape = ops.shape(ops.transpose(query_heads, permutation))
         key_shape = ops.shape(ops.transpose(key_heads, permutation))
         positions = query_shape[:-2]  # (B, <other>, <query axes>)
@@ -581,10 +705,127 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                     *key_shape[1 + len(other) : 1 + len(other) + len(axes)],
                 ),
             )  # (B, <other>, N, <query axes>, <key axes>)
-        if has_keys is not None:
-            has_keys = ops.reshape(has_keys, positions)
-            has_keys = ops.transpose(has_keys, inverse[:-2])  # (B, <axes>)
-        return attended, weights, has_keys
+        return attended, weights
+
+    def _rows_with_keys_of_mask(self, mask, layout, query_heads):
+        """`(B, <axes>)` bool for higher-rank inputs: whether each query
+        position has a key in the scores-shaped `mask`, any head."""
+        permutation, other, axes = layout
+        has_keys = ops.any(mask, axis=tuple(range(-len(axes), 0)))
+        has_keys = ops.any(has_keys, axis=1 + len(other))  # (B|1, <other>|1, <q>)
+        query_shape = ops.shape(ops.transpose(query_heads, permutation))
+        has_keys = ops.broadcast_to(has_keys, query_shape[:-2])  # (B, <other>, <q>)
+        inverse = [permutation.index(axis) for axis in range(len(permutation))]
+        return ops.transpose(has_keys, inverse[:-2])  # (B, <axes>)
+
+    def _dropout_seed_generator(self):
+        """The seed generator of Keras's `_dropout_layer` (the layer's one),
+        `None` without dropout."""
+        if not self._dropout:
+            return None
+        return self._dropout_layer.seed_generator
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+        *,
+        key_padding_mask=None,
+        query_padding_mask=None,
+        causal_offset=0,
+        sliding_window=None,
+        query_is_scaled=False,
+    ):
+        """Attention over projected heads, Keras's override point.
+
+        Keras's signature and meaning: `query` `(B, Tq, N, key_dim)` as the
+        query projection gives it (scaled here by `1/sqrt(key_dim)`), `key`
+        `(B, Tk, N, key_dim)`, `value` `(B, Tk, N, value_dim)` (with
+        higher-rank inputs `(B, <axes>, N, dim)`), `attention_mask` in
+        Keras's broadcasting (`(Tq, Tk)`, `(B, Tq, Tk)`,
+        `(B, N, Tq, Tk)`, ...), `use_causal_mask` adds the causal mask.
+        Returns `(attention_output, attention_scores)`, the scores `None`
+        unless `return_attention_scores`. keras-attn's path dispatch
+        (`keras_attn.ops.dot_product_attention`) runs inside.
+
+        `call` hands the masks to it as components when the method is not
+        overridden (keyword-only, so that an override with Keras's signature
+        gets them combined into `attention_mask` instead): `key_padding_mask`
+        `(B, Tk)`, `query_padding_mask` `(B, Tq)`, `causal_offset` (the
+        cache position of the first query, for the causal mask and the
+        window) and `sliding_window`; the memory-efficient path reads them
+        without building a `(Tq, Tk)` mask. With `query_is_scaled` the query
+        already carries the `1/sqrt(key_dim)` (`call` folds it into the query
+        projection's weights on TensorFlow, one matmul instead of a multiply
+        over the `(B, Tq, N, H)` heads).
+        """
+        rank = len(query.shape)
+        layout = self._layout(rank)
+        if rank > 4 and (use_causal_mask or sliding_window is not None):
+            # Keras's causal mask of higher-rank inputs runs over axis 1.
+            if layout[2] != (1,):
+                raise ValueError(
+                    "`use_causal_mask` and `sliding_window` need attention over "
+                    "axis 1 alone (`attention_axes=(1,)`). Received: "
+                    f"attention_axes={self.attention_axes!r}, "
+                    f"query.shape={tuple(query.shape)}"
+                )
+            query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
+            band = None
+            if use_causal_mask:
+                band = causal_mask(query_length, key_length, causal_offset)
+            if sliding_window is not None:
+                band = combine_masks(
+                    band,
+                    sliding_window_mask(
+                        query_length, key_length, sliding_window, causal_offset
+                    ),
+                )
+            attention_mask = combine_masks(
+                None
+                if attention_mask is None
+                else self._scores_mask(attention_mask, layout),
+                band,  # (Tq, Tk), broadcast as the last two axes
+            )
+            use_causal_mask, sliding_window, causal_offset = False, None, 0
+        mask = (
+            None
+            if attention_mask is None
+            else self._block_mask(attention_mask, query, key, layout)
+        )  # (B'|1, N|1, Tq', Tk')
+        attended = dot_product_attention(
+            self._to_blocks(query, layout),
+            ops.cast(self._to_blocks(key, layout), query.dtype),
+            ops.cast(self._to_blocks(value, layout), query.dtype),
+            mask=mask,
+            scale=1.0 if query_is_scaled else self._inverse_sqrt_key_dim,
+            return_weights=return_attention_scores,
+            dropout_rate=self._dropout,
+            training=training,
+            seed_generator=self._dropout_seed_generator(),
+            is_causal=bool(use_causal_mask),
+            flash_attention=self.flash_attention,
+            key_padding_mask=key_padding_mask,
+            query_padding_mask=query_padding_mask,
+            causal_offset=causal_offset,
+            sliding_window=sliding_window,
+        )  # (B', Tq', N, Hv) [, (B', N, Tq', Tk')]
+        weights = None
+        if return_attention_scores:
+            attended, weights = attended
+        return self._from_blocks(attended, weights, query, key, layout)
+
+    def _overrides_compute_attention(self) -> bool:
+        """Whether a subclass replaced `_compute_attention` (then it gets
+        Keras's arguments only, every mask combined into `attention_mask`)."""
+        return (
+            type(self)._compute_attention is not MultiHeadAttention._compute_attention
+        )
 
     def call(
         self,
@@ -614,13 +855,15 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"features). Received: query.shape={tuple(query.shape)}"
             )
         stacked = cache is not None and self._check_cache(cache)
+        if cache is not None:
+            key_length = self._cache_length(cache)
+        elif rank == 3:
+            key_length = (value if key is None else key).shape[1]
+        else:
+            key_length = tuple(value.shape)
         self._check_call(
             query,
-            (
-                self._cache_length(cache)
-                if cache is not None
-                else (value if key is None else key).shape[1]
-            ),
+            key_length,
             query_mask,
             value_mask,
             key_mask,
@@ -629,12 +872,15 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             cache,
             cache_update_index,
         )
-        # The 1/sqrt(key_dim) of the logits is applied to the query heads
-        # here (folded into the projection's weights where that is one matmul).
-        query_heads = _project(
-            self.query_dense, query, scale=1.0 / math.sqrt(self.key_dim)
-        )  # (B, Tq, N, H), scaled
         gate = _project(self.gate_dense, query) if self.use_gate else None
+        # Keras's `_compute_attention` takes the unscaled query; keras-attn's
+        # own folds the scale into the projection (`query_is_scaled`).
+        scaled = not self._overrides_compute_attention()
+        query_heads = _project(
+            self.query_dense,
+            query,
+            scale=self._inverse_sqrt_key_dim if scaled else None,
+        )  # (B, Tq, N, H)
         if cache is None or cache_update_index is not None:
             new_keys, new_values = self.compute_key_value(value, key)  # (B,Tv,N,H)
         if cache is None:
@@ -654,60 +900,30 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 if stacked
                 else (key_heads, value_heads)
             )
-        layout = self._layout(rank + 1)
-        if layout[0] is None:
-            # The masks go to the attention as components, so that the
-            # memory-efficient path builds no (Tq, Tk) mask.
-            explicit_mask = padding_mask(attention_mask)  # (B, Tq, Tk)
-            offset = 0 if cache_update_index is None else cache_update_index
-            components = {
-                "key_padding_mask": combine_masks(value_mask, key_mask),  # (B, Tk)
-                "query_padding_mask": padding_mask(query_mask),  # (B, Tq)
-                "is_causal": bool(use_causal_mask),
-                "causal_offset": offset,
-                "sliding_window": self.sliding_window,
-            }
-            has_keys = rows_with_keys(
-                ops.shape(query)[1],
-                ops.shape(key_heads)[1],
-                attention_mask=explicit_mask,
-                key_padding_mask=components["key_padding_mask"],
-                query_padding_mask=components["query_padding_mask"],
-                causal=components["is_causal"],
-                offset=offset,
-                sliding_window=self.sliding_window,
-            )  # (B|1, Tq) or None
+        if rank == 3:
+            arguments, has_keys = self._mask_components(
+                query_heads,
+                key_heads,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                use_causal_mask,
+                0 if cache_update_index is None else cache_update_index,
+            )
         else:
-            components = {}
-            explicit_mask = (
-                None
-                if attention_mask is None
-                else self._block_mask(attention_mask, query_heads, key_heads, layout)
-            )  # (B', Tq', Tk')
-            has_keys = (
-                None if explicit_mask is None else ops.any(explicit_mask, axis=-1)
-            )  # (B', Tq')
-
-        attended = dot_product_attention(
-            self._to_blocks(query_heads, layout),
-            ops.cast(self._to_blocks(key_heads, layout), query_heads.dtype),
-            ops.cast(self._to_blocks(value_heads, layout), query_heads.dtype),
-            mask=(
-                None if explicit_mask is None else ops.expand_dims(explicit_mask, 1)
-            ),  # (B, 1, Tq, Tk)
-            scale=1.0,  # the query heads are scaled
-            return_weights=return_attention_scores,
-            dropout_rate=self.dropout,
+            arguments, has_keys = self._higher_rank_masks(
+                query_heads, key_heads, attention_mask, use_causal_mask
+            )
+        if scaled:
+            arguments["query_is_scaled"] = True
+        attended, weights = self._compute_attention(
+            query_heads,
+            key_heads,
+            value_heads,
             training=training,
-            seed_generator=self.seed_generator,
-            flash_attention=self.flash_attention,
-            **components,
-        )  # (B', Tq', N, Hv) [, (B', N, Tq', Tk')]
-        weights = None
-        if return_attention_scores:
-            attended, weights = attended
-        attended, weights, has_keys = self._from_blocks(
-            attended, weights, has_keys, query_heads, key_heads, layout
+            return_attention_scores=return_attention_scores,
+            **arguments,
         )  # (B, <axes>, N, Hv)
         if gate is not None:
             attended = ops.multiply(attended, ops.cast(gate, attended.dtype))
@@ -722,6 +938,114 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if cache is not None:
             result += (cache,)
         return result[0] if len(result) == 1 else result
+
+    def _mask_components(
+        self,
+        query_heads,
+        key_heads,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        offset,
+    ):
+        """The masks of a rank-3 call as `_compute_attention`'s arguments, and
+        the `(B|1, Tq)` rows that have a key (or `None`).
+
+        `attention_mask` is split as `split_attention_mask` does: a key
+        padding mask in disguise (`(B, 1, Tk)`, `(B, 1, 1, Tk)`) joins the
+        key padding, a query one the query padding, and what remains stays a
+        mask without its broadcast batch or heads axes, so the
+        memory-efficient path builds no `(B, Tq, Tk)` tensor for them.
+        """
+        batch = ops.shape(query_heads)[0]
+        query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
+        mask_keys, mask_queries, explicit = split_attention_mask(attention_mask)
+        if explicit is not None:
+            explicit_shape = ops.shape(explicit)
+            explicit = ops.broadcast_to(
+                explicit,
+                (explicit_shape[0], explicit_shape[1], query_length, key_length),
+            )  # (B|1, N|1, Tq, Tk): the batch and heads stay as given
+        key_padding = combine_masks(
+            value_mask,
+            key_mask,
+            None
+            if mask_keys is None
+            else ops.broadcast_to(mask_keys, (batch, key_length)),
+        )  # (B, Tk)
+        query_padding = combine_masks(
+            query_mask,
+            None
+            if mask_queries is None
+            else ops.broadcast_to(mask_queries, (batch, query_length)),
+        )  # (B, Tq)
+        has_keys = rows_with_keys(
+            query_length,
+            key_length,
+            attention_mask=None if explicit is None else ops.any(explicit, axis=1),
+            key_padding_mask=key_padding,
+            query_padding_mask=query_padding,
+            causal=bool(use_causal_mask),
+            offset=offset,
+            sliding_window=self.sliding_window,
+        )  # (B|1, Tq) or None
+        if self._overrides_compute_attention():
+            # Keras's arguments only: every mask in one (B|1, N|1, Tq, Tk).
+            band = None
+            if use_causal_mask:
+                band = causal_mask(query_length, key_length, offset)
+            if self.sliding_window is not None:
+                band = combine_masks(
+                    band,
+                    sliding_window_mask(
+                        query_length, key_length, self.sliding_window, offset
+                    ),
+                )
+            combined = combine_masks(
+                explicit,
+                None if key_padding is None else key_padding[:, None, None, :],
+                None if query_padding is None else query_padding[:, None, :, None],
+                None if band is None else band[None, None],
+            )
+            if combined is not None and combined.shape[1] == 1:
+                combined = combined[:, 0]  # (B|1, Tq, Tk), Keras's documented form
+            return {"attention_mask": combined}, has_keys
+        return {
+            "attention_mask": explicit,
+            "use_causal_mask": bool(use_causal_mask),
+            "key_padding_mask": key_padding,
+            "query_padding_mask": query_padding,
+            "causal_offset": offset,
+            "sliding_window": self.sliding_window,
+        }, has_keys
+
+    def _higher_rank_masks(self, query_heads, key_heads, attention_mask, use_causal):
+        """The masks of a higher-rank call: Keras's `attention_mask` with the
+        causal mask and the window over axis 1 folded in, and the
+        `(B, <axes>)` query positions that have a key (or `None`)."""
+        layout = self._layout(len(query_heads.shape))
+        band = None
+        query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
+        if use_causal:
+            band = causal_mask(query_length, key_length)  # (Tq, Tk) over axis 1
+        if self.sliding_window is not None:
+            band = combine_masks(
+                band, sliding_window_mask(query_length, key_length, self.sliding_window)
+            )
+        mask = combine_masks(
+            None
+            if attention_mask is None
+            else self._scores_mask(attention_mask, layout),
+            band,
+        )
+        if mask is None:
+            return {}, None
+        while len(mask.shape) < 2 + len(layout[1]) + 2 * len(layout[2]):
+            mask = mask[None]  # (1, ..., Tq, Tk): the band alone
+        has_keys = self._rows_with_keys_of_mask(mask, layout, query_heads)
+        return {"attention_mask": mask}, has_keys
 
     # -- Keras anatomy -------------------------------------------------------------
 
@@ -757,7 +1081,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         else:
             key_shape = (value if key is None else key).shape
             self._check_shapes(tuple(query.shape), tuple(value.shape), tuple(key_shape))
-            key_length = key_shape[1]
+            # The key's length (rank 3), or its shape (higher ranks).
+            key_length = key_shape[1] if len(query.shape) == 3 else tuple(value.shape)
         self._check_call(
             query,
             key_length,

@@ -35,8 +35,11 @@ class MultiHeadSelfAttention(MultiHeadAttention):
             (Keras fills `inputs_mask` instead when other tensors are passed,
             e.g. `attention_mask`: both are honoured).
             Padded positions are ignored as keys and give zero output rows.
-        attention_mask: boolean `(batch, T, T)` (with a cache:
-            `(batch, T, Tmax)`), combined with `mask` and the causal mask.
+        attention_mask: boolean, combined with `mask` and the causal mask;
+            every form `MultiHeadAttention` takes: `(T, T)`, `(batch, T, T)`,
+            `(batch, heads, T, T)`, any axis of size 1 broadcasting (a key
+            padding mask `(batch, 1, T)`); with a cache the key axis is
+            `Tmax`.
         return_attention_scores: also return weights `(batch, heads, T, T)`.
         training: whether dropout is active.
         cache, cache_update_index: as in `MultiHeadAttention`; the padding

@@ -12,26 +12,38 @@ from keras_attn import _validation as v
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
-POSITION_KINDS = ("sinusoidal", "learned")
+POSITION_KINDS = ("learned", "sinusoidal")
+
+
+def _clone_initializer(initializer):
+    """A fresh copy of a Keras initializer object (as keras-hub does): an
+    unseeded initializer draws its seed once, when made, so the token and
+    position tables would otherwise start from the same random numbers."""
+    if not isinstance(initializer, keras.initializers.Initializer):
+        return initializer
+    return initializer.__class__.from_config(initializer.get_config())
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class TokenAndPositionEmbedding(keras.layers.Layer):
-    """Token embedding plus position encoding, the input of a Transformer.
+    """Token embedding plus position embedding, the input of a Transformer.
 
-    From "Attention Is All You Need" (https://arxiv.org/abs/1706.03762),
-    section 3.4-3.5: `x_t = E[token_t] · scale + p(t)` with `p` the sinusoidal
-    encoding (`position="sinusoidal"`, the paper's choice) or a learned table
-    (`position="learned"`, BERT/GPT style).
+    A drop-in for `keras_hub.layers.TokenAndPositionEmbedding`: the same
+    arguments in the same order with the same defaults, the same call, the
+    same sublayers (`token_embedding`, a `keras.layers.ReversibleEmbedding`,
+    and `position_embedding`, a learned `PositionEmbedding`) and variables,
+    so keras-hub's weight files load into it and the other way round.
 
-    `scale_embeddings` defaults to `False` (as `keras_hub`'s
-    `TokenAndPositionEmbedding` and the Keras examples do); `True` multiplies
-    the token embeddings by `sqrt(embedding_dim)` as the paper does, which
-    suits an initializer of standard deviation `embedding_dim ** -0.5`.
+    What keras-attn adds, all keyword-only: the sinusoidal encoding of
+    "Attention Is All You Need" (https://arxiv.org/abs/1706.03762, section
+    3.5) instead of the learned table (`position="sinusoidal"`);
+    `scale_embeddings=True`, which multiplies the token embeddings by
+    `sqrt(embedding_dim)` as the paper does (section 3.4); a separate
+    `position_initializer`; and `reverse=True` on the layer itself.
 
     With `mask_zero=True` token id 0 is padding: the layer's Keras mask
     `(batch, T)` (`True` for real tokens) flows on to the attention layers and
-    blocks downstream.
+    blocks downstream, in the functional API too.
 
     Args:
         vocabulary_size: number of token ids (id 0 included).
@@ -39,13 +51,22 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             size of the learned table, and a bound checked on static shapes
             for the sinusoids (`None` allowed there: no bound).
         embedding_dim: size of the embeddings.
-        position: `"sinusoidal"` or `"learned"`.
+        tie_weights: whether the `reverse` projection onto the vocabulary uses
+            the token embedding matrix (`True`) or a separate
+            `(embedding_dim, vocabulary_size)` matrix.
+        embeddings_initializer: initializer of the token embeddings (and of
+            the learned position table unless `position_initializer` is
+            given).
         mask_zero: whether token id 0 is padding.
-        scale_embeddings: multiply token embeddings by `sqrt(embedding_dim)`.
-        embeddings_initializer: initializer of the token embeddings.
-        position_initializer: initializer of the learned position table.
-        max_wavelength: the `10000` of the sinusoids.
-        **kwargs: base layer arguments (`name`, `dtype`, ...).
+        position: keyword-only, `"learned"` (keras-hub's) or `"sinusoidal"`
+            (the paper's fixed encoding, no weights).
+        scale_embeddings: keyword-only, multiply the token embeddings by
+            `sqrt(embedding_dim)`; suits an initializer of standard deviation
+            `embedding_dim ** -0.5`.
+        position_initializer: keyword-only, initializer of the learned
+            position table; `None` uses a copy of `embeddings_initializer`.
+        max_wavelength: keyword-only, the `10000` of the sinusoids.
+        **kwargs: base layer arguments (`name`, `dtype`, `trainable`, ...).
 
     Call arguments:
         inputs: int tensor `(batch, T)` of token ids; with `reverse=True`,
@@ -54,9 +75,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             (cached decoding passes the index of the token being decoded).
         positions: optional int tensor `(T,)` or `(batch, T)` of explicit
             positions; overrides `start_index`.
-        reverse: project hidden states onto the vocabulary with the token
-            embedding matrix instead (`logits = hidden · Eᵀ`, the tied
-            pre-softmax projection of the paper, section 3.4).
+        reverse: keyword, project hidden states onto the vocabulary instead,
+            the same as `layer.token_embedding(hidden, reverse=True)`
+            (`logits = hidden · Eᵀ` with tied weights, the pre-softmax
+            projection of the paper, section 3.4).
 
     Returns:
         `(batch, T, embedding_dim)` in the compute dtype, with the padding
@@ -69,9 +91,16 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     ```python
     tokens = keras.Input((None,), dtype="int32")
-    x = keras_attn.layers.TokenAndPositionEmbedding(
+    embedding = keras_attn.layers.TokenAndPositionEmbedding(
         vocabulary_size=8000, sequence_length=256, embedding_dim=128
-    )(tokens)  # (batch, T, 128), Keras mask tokens != 0
+    )  # keras-hub's layer: learned positions, no padding mask
+    x = embedding(tokens)  # (batch, T, 128)
+    logits = embedding.token_embedding(x, reverse=True)  # (batch, T, 8000)
+
+    # The paper's sinusoids, id 0 as padding (masked downstream).
+    x = keras_attn.layers.TokenAndPositionEmbedding(
+        8000, 256, 128, mask_zero=True, position="sinusoidal"
+    )(tokens)
     ```
     """
 
@@ -80,11 +109,13 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         vocabulary_size: int,
         sequence_length: int | None,
         embedding_dim: int,
-        position: str = "sinusoidal",
-        mask_zero: bool = True,
-        scale_embeddings: bool = False,
+        tie_weights: bool = True,
         embeddings_initializer="uniform",
-        position_initializer="glorot_uniform",
+        mask_zero: bool = False,
+        *,
+        position: str = "learned",
+        scale_embeddings: bool = False,
+        position_initializer=None,
         max_wavelength: float = 10000,
         **kwargs,
     ):
@@ -96,6 +127,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         )
         self.embedding_dim = v.check_positive_int("embedding_dim", embedding_dim)
         for name, value in (
+            ("tie_weights", tie_weights),
             ("mask_zero", mask_zero),
             ("scale_embeddings", scale_embeddings),
         ):
@@ -110,16 +142,22 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "`max_wavelength` must be a positive number. "
                 f"Received: max_wavelength={max_wavelength!r}"
             )
+        self.tie_weights = tie_weights
         self.mask_zero = mask_zero
         self.scale_embeddings = scale_embeddings
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self.position_initializer = keras.initializers.get(position_initializer)
+        self.position_initializer = (
+            None
+            if position_initializer is None
+            else keras.initializers.get(position_initializer)
+        )
         self.max_wavelength = max_wavelength
         self.supports_masking = True
 
-        self.token_embedding = keras.layers.Embedding(
+        self.token_embedding = keras.layers.ReversibleEmbedding(
             self.vocabulary_size,
             self.embedding_dim,
+            tie_weights=tie_weights,
             embeddings_initializer=self.embeddings_initializer,
             mask_zero=mask_zero,
             dtype=self.dtype_policy,
@@ -130,7 +168,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if position == "learned":
             self.position_embedding = PositionEmbedding(
                 self.sequence_length,
-                initializer=self.position_initializer,
+                initializer=(
+                    _clone_initializer(self.embeddings_initializer)
+                    if self.position_initializer is None
+                    else self.position_initializer
+                ),
                 dtype=self.dtype_policy,
                 trainable=self.trainable,
                 name="position_embedding",
@@ -151,7 +193,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0, positions=None, reverse=False):
         if reverse:
-            return self._logits(inputs)
+            self._check_hidden(inputs.shape)
+            # `(B, T, d) -> (B, T, V)`; a copy without the Keras mask, which
+            # the embedding would drop with a warning (`compute_mask` passes
+            # it on instead).
+            return self.token_embedding(ops.copy(inputs), reverse=True)
         v.check_rank("inputs", inputs.shape, 2)
         length = inputs.shape[1]
         if (
@@ -177,13 +223,6 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             embedded, start_index=start_index, positions=positions
         )  # (B, T, d)
         return ops.add(embedded, encoded)
-
-    def _logits(self, hidden):
-        """`hidden · Eᵀ`: the tied output projection onto the vocabulary."""
-        self._check_hidden(hidden.shape)
-        table = ops.cast(self.token_embedding.embeddings, self.compute_dtype)  # (V, d)
-        hidden = ops.cast(hidden, self.compute_dtype)
-        return ops.matmul(hidden, ops.transpose(table))  # (B, T, V)
 
     def _check_hidden(self, shape):
         v.check_rank("inputs", shape, 3)
@@ -220,14 +259,17 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "vocabulary_size": self.vocabulary_size,
                 "sequence_length": self.sequence_length,
                 "embedding_dim": self.embedding_dim,
-                "position": self.position,
-                "mask_zero": self.mask_zero,
-                "scale_embeddings": self.scale_embeddings,
+                "tie_weights": self.tie_weights,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer
                 ),
-                "position_initializer": keras.initializers.serialize(
-                    self.position_initializer
+                "mask_zero": self.mask_zero,
+                "position": self.position,
+                "scale_embeddings": self.scale_embeddings,
+                "position_initializer": (
+                    None
+                    if self.position_initializer is None
+                    else keras.initializers.serialize(self.position_initializer)
                 ),
                 "max_wavelength": self.max_wavelength,
             }

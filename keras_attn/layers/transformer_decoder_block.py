@@ -1,5 +1,6 @@
-"""`TransformerDecoderBlock`: causal self-attention, cross-attention and
-feed-forward, each with Add & Norm, with a KV cache for decoding."""
+"""`TransformerDecoder` (alias `TransformerDecoderBlock`): causal
+self-attention, cross-attention and feed-forward, each with Add & Norm, with a
+KV cache for decoding."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import TransformerBlockBase
+from keras_attn.layers._transformer_block import (
+    TransformerBlockBase,
+    legacy_block_class,
+)
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
 from keras_attn.ops.masks import combine_masks
@@ -33,7 +37,7 @@ def _is_stacked(cache) -> bool:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerDecoderBlock(TransformerBlockBase):
+class TransformerDecoder(TransformerBlockBase):
     """One decoder layer of the Transformer (Vaswani et al., 2017).
 
     From "Attention Is All You Need" (https://arxiv.org/abs/1706.03762),
@@ -45,13 +49,23 @@ class TransformerDecoderBlock(TransformerBlockBase):
     (GPT-style) language-model block. Whether the block has cross-attention is
     fixed by its first call (its build).
 
-    A drop-in for `keras_hub.layers.TransformerDecoder`: the same arguments in
-    the same order, with the same defaults, the same call arguments (the
-    stacked caches included), and weights of the same shapes, names and
-    order (they copy with `set_weights(get_weights())`). What keras-attn
-    adds: `key_dim`, `attention_dropout`, `flash_attention`, `seed`,
-    `return_attention_scores`, a tuple cache that `keras_attn.generation`
-    decodes with, and zero attention rows for padded tokens (never NaN).
+    A drop-in for `keras_hub.layers.TransformerDecoder`: the same class name,
+    the same arguments in the same order, with the same defaults, the same
+    call arguments (the stacked caches included), and keras-hub's structure:
+    the same variables (seed generator states included) in the same order
+    under the same paths, held by sublayers under keras-hub's attribute
+    names (`_self_attention_layer`, `_self_attention_layer_norm`,
+    `_self_attention_dropout`, `_cross_attention_layer`,
+    `_cross_attention_layer_norm`, `_cross_attention_dropout`,
+    `_feedforward_intermediate_dense`, `_feedforward_output_dense`,
+    `_feedforward_layer_norm`, `_feedforward_dropout`). Weights copy with
+    `set_weights(get_weights())`, and a `.weights.h5` file of a model built
+    on keras-hub's `TransformerDecoder` loads into the same model built on
+    this one, and the other way. `TransformerDecoderBlock` is another name
+    of this class. What keras-attn adds: `key_dim`, `attention_dropout`,
+    `flash_attention`, `seed`, `return_attention_scores`, a tuple cache
+    that `keras_attn.generation` decodes with, and zero attention rows for
+    padded tokens (never NaN).
     Explicit padding masks are combined with the Keras masks of the inputs
     (keras-hub replaces the Keras mask by them).
 
@@ -148,7 +162,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
     Example:
 
     ```python
-    block = keras_attn.layers.TransformerDecoderBlock(intermediate_dim=512, num_heads=4)
+    block = keras_attn.layers.TransformerDecoder(intermediate_dim=512, num_heads=4)
     target = keras.Input((None, 128))
     source = keras.Input((None, 128))
     outputs = block(target, source)  # (batch, T, 128)
@@ -168,41 +182,45 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         self._check_model_dim("decoder_sequence", decoder_sequence_shape)
-        self.self_attention = MultiHeadSelfAttention(
+        # keras-hub's sublayers, attribute names and creation order.
+        self._self_attention_layer = MultiHeadSelfAttention(
             key_dim=self.key_dim,
             causal=True,
             name="self_attention",
             **self._attention_kwargs(),
         )
-        self.self_attention.build(decoder_sequence_shape)
-        self.self_attention_layer_norm = self._layer_norm(
+        self._self_attention_layer.build(decoder_sequence_shape)
+        self._self_attention_layer_norm = self._layer_norm(
             "self_attention_layer_norm", decoder_sequence_shape
         )
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
-        self.cross_attention = None
+        self._self_attention_dropout = self._dropout("self_attention_dropout")
+        self._cross_attention_layer = None
         if encoder_sequence_shape is not None:
             v.check_rank("encoder_sequence", encoder_sequence_shape, 3)
-            self.cross_attention = MultiHeadAttention(
+            self._cross_attention_layer = MultiHeadAttention(
                 key_dim=self._head_dim(decoder_sequence_shape[-1]),
                 name="cross_attention",
                 **self._attention_kwargs(),
             )
-            self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
-            self.cross_attention_layer_norm = self._layer_norm(
+            self._cross_attention_layer.build(
+                decoder_sequence_shape, encoder_sequence_shape
+            )
+            self._cross_attention_layer_norm = self._layer_norm(
                 "cross_attention_layer_norm", decoder_sequence_shape
             )
-            self.cross_attention_dropout = self._dropout("cross_attention_dropout")
+            self._cross_attention_dropout = self._dropout("cross_attention_dropout")
         self._build_feed_forward(decoder_sequence_shape)
-        self.feedforward_layer_norm = self._layer_norm(
+        self._feedforward_layer_norm = self._layer_norm(
             "feedforward_layer_norm", decoder_sequence_shape
         )
+        self._feedforward_dropout = self._dropout("feedforward_dropout")
         self.built = True
 
     @property
     def has_cross_attention(self) -> bool:
         """Whether the block was built with an encoder sequence."""
         self._check_built("has_cross_attention")
-        return self.cross_attention is not None
+        return self._cross_attention_layer is not None
 
     def _check_built(self, what):
         if not self.built:
@@ -231,7 +249,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         """
         self._check_built("initial_cache")
         dtype = dtype or self.compute_dtype
-        attention = self.self_attention
+        attention = self._self_attention_layer
         key_shape = (batch_size, max_length, self.num_heads, attention.key_dim)
         if stacked:
             return ops.zeros(
@@ -248,13 +266,13 @@ class TransformerDecoderBlock(TransformerBlockBase):
         every decoding step.
         """
         self._check_built("compute_cross_attention_cache")
-        if self.cross_attention is None:
+        if self._cross_attention_layer is None:
             raise ValueError(
                 "This block has no cross-attention (it was built without an "
                 f"encoder sequence). Received: block {self.name!r}"
             )
         v.check_rank("encoder_sequence", encoder_sequence.shape, 3)
-        return self.cross_attention.compute_key_value(encoder_sequence)
+        return self._cross_attention_layer.compute_key_value(encoder_sequence)
 
     # -- the forward pass ---------------------------------------------------------
 
@@ -269,7 +287,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
     ):
         """Check the call's arguments; `None` (no self-attention cache),
         `TUPLE_CACHE` (keras-attn's form) or `STACKED_CACHE` (keras-hub's)."""
-        has_cross = self.cross_attention is not None
+        has_cross = self._cross_attention_layer is not None
         if not has_cross:
             for name, value in (
                 ("encoder_sequence", encoder_sequence),
@@ -395,8 +413,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         scores = {}
 
         # Masked (causal) self-attention.
-        attended = self.self_attention(
-            self._pre(decoder_sequence, self.self_attention_layer_norm),
+        attended = self._self_attention_layer(
+            self._pre(decoder_sequence, self._self_attention_layer_norm),
             mask=decoder_padding,
             attention_mask=decoder_attention_mask,
             return_attention_scores=return_attention_scores,
@@ -417,18 +435,18 @@ class TransformerDecoderBlock(TransformerBlockBase):
         x = self._post(
             decoder_sequence,
             attended,
-            self.self_attention_layer_norm,
-            self.self_attention_dropout,
+            self._self_attention_layer_norm,
+            self._self_attention_dropout,
             training,
         )
 
         # Cross-attention to the encoder sequence (or its cached keys/values).
-        if self.cross_attention is not None:
+        if self._cross_attention_layer is not None:
             encoder_padding = combine_masks(
                 encoder_padding_mask, encoder_sequence_mask
             )  # (B, S)
-            attended = self.cross_attention(
-                self._pre(x, self.cross_attention_layer_norm),
+            attended = self._cross_attention_layer(
+                self._pre(x, self._cross_attention_layer_norm),
                 encoder_sequence,
                 query_mask=decoder_padding,
                 value_mask=encoder_padding,
@@ -446,8 +464,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
             x = self._post(
                 x,
                 attended,
-                self.cross_attention_layer_norm,
-                self.cross_attention_dropout,
+                self._cross_attention_layer_norm,
+                self._cross_attention_dropout,
                 training,
             )
 
@@ -459,7 +477,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             result += (tuple(self_attention_cache),)
         elif form == STACKED_CACHE:
             result += (self_attention_cache,)
-            if self.cross_attention is not None:
+            if self._cross_attention_layer is not None:
                 result += (cross_attention_cache,)
         return result[0] if len(result) == 1 else result
 
@@ -505,7 +523,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         else:
             key_length = length
         source_length = None
-        if self.cross_attention is not None:
+        if self._cross_attention_layer is not None:
             if cross_attention_cache is None:
                 source_length = encoder_sequence.shape[1]
             elif _is_stacked(cross_attention_cache):
@@ -535,7 +553,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     (batch, self.num_heads, length, key_length), dtype=dtype
                 )
             }
-            if self.cross_attention is not None:
+            if self._cross_attention_layer is not None:
                 scores["cross_attention"] = keras.KerasTensor(
                     (batch, self.num_heads, length, source_length), dtype=dtype
                 )
@@ -548,6 +566,28 @@ class TransformerDecoderBlock(TransformerBlockBase):
             result += (tuple(spec(t) for t in self_attention_cache),)
         elif form == STACKED_CACHE:
             result += (spec(self_attention_cache),)
-            if self.cross_attention is not None:
+            if self._cross_attention_layer is not None:
                 result += (spec(cross_attention_cache),)
         return result[0] if len(result) == 1 else result
+
+
+# The public second name of the class (keras-attn's names of the blocks).
+TransformerDecoderBlock = TransformerDecoder
+
+# Reads the `.keras` files that name `keras_attn>TransformerDecoderBlock`.
+_LegacyTransformerDecoderBlock = legacy_block_class(
+    TransformerDecoder,
+    "TransformerDecoderBlock",
+    {
+        "self_attention": "_self_attention_layer",
+        "self_attention_layer_norm": "_self_attention_layer_norm",
+        "self_attention_dropout": "_self_attention_dropout",
+        "cross_attention": "_cross_attention_layer",
+        "cross_attention_layer_norm": "_cross_attention_layer_norm",
+        "cross_attention_dropout": "_cross_attention_dropout",
+        "feedforward_intermediate_dense": "_feedforward_intermediate_dense",
+        "feedforward_output_dense": "_feedforward_output_dense",
+        "feedforward_layer_norm": "_feedforward_layer_norm",
+        "feedforward_dropout": "_feedforward_dropout",
+    },
+)

@@ -1,17 +1,21 @@
-"""`TransformerEncoderBlock`: self-attention and feed-forward, each with Add & Norm."""
+"""`TransformerEncoder` (alias `TransformerEncoderBlock`): self-attention and
+feed-forward, each with Add & Norm."""
 
 from __future__ import annotations
 
 import keras
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import TransformerBlockBase
+from keras_attn.layers._transformer_block import (
+    TransformerBlockBase,
+    legacy_block_class,
+)
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
 from keras_attn.ops.masks import combine_masks
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerEncoderBlock(TransformerBlockBase):
+class TransformerEncoder(TransformerBlockBase):
     """One encoder layer of the Transformer (Vaswani et al., 2017).
 
     From "Attention Is All You Need" (https://arxiv.org/abs/1706.03762),
@@ -25,9 +29,18 @@ class TransformerEncoderBlock(TransformerBlockBase):
     `x = x + Dropout(Sublayer(LayerNorm(x)))`), which trains more stably in
     deep stacks; the last block's output is then not normalized.
 
-    A drop-in for `keras_hub.layers.TransformerEncoder`: the same arguments in
-    the same order, with the same defaults, and weights of the same shapes,
-    names and order (they copy with `set_weights(get_weights())`). What
+    A drop-in for `keras_hub.layers.TransformerEncoder`: the same class name,
+    the same arguments in the same order, with the same defaults, and
+    keras-hub's structure: the same variables (seed generator states
+    included) in the same order under the same paths, held by sublayers
+    under keras-hub's attribute names (`_self_attention_layer`,
+    `_self_attention_layer_norm`, `_self_attention_dropout`,
+    `_feedforward_layer_norm`, `_feedforward_intermediate_dense`,
+    `_feedforward_output_dense`, `_feedforward_dropout`). Weights copy with
+    `set_weights(get_weights())`, and a `.weights.h5` file of a model built
+    on keras-hub's `TransformerEncoder` loads into the same model built on
+    this one, and the other way. `TransformerEncoderBlock` is another name
+    of this class. What
     keras-attn adds: `key_dim`, `attention_dropout`, `flash_attention`,
     `seed`; padded positions are ignored as keys and their own rows get a
     zero attention output (never NaN); explicit masks are combined with the
@@ -55,8 +68,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
     Call arguments:
         inputs: `(batch, T, d_model)`.
         padding_mask: boolean `(batch, T)`, `True` for real tokens; combined
-            with the Keras mask of `inputs` (e.g. from
-            `Embedding(mask_zero=True)` or `TokenAndPositionEmbedding`).
+            with the Keras mask of `inputs` (e.g. from `Embedding(mask_zero=True)`
+            or `TokenAndPositionEmbedding(..., mask_zero=True)`).
         attention_mask: boolean `(batch, T, T)`, `True` where query `i` may
             attend to key `j`; combined with the padding mask.
         training: whether dropout is active.
@@ -74,28 +87,32 @@ class TransformerEncoderBlock(TransformerBlockBase):
 
     ```python
     tokens = keras.Input((None,), dtype="int32")
-    x = keras_attn.layers.TokenAndPositionEmbedding(8000, 256, 128)(tokens)
-    x = keras_attn.layers.TransformerEncoderBlock(intermediate_dim=512, num_heads=4)(x)
+    x = keras_attn.layers.TokenAndPositionEmbedding(
+        8000, 256, 128, mask_zero=True
+    )(tokens)
+    x = keras_attn.layers.TransformerEncoder(intermediate_dim=512, num_heads=4)(x)
     encoder = keras.Model(tokens, x)  # (batch, T, 128), padding mask passed on
     ```
     """
 
     def build(self, inputs_shape):
         self._check_model_dim("inputs", inputs_shape)
-        self.self_attention = MultiHeadSelfAttention(
+        # keras-hub's sublayers, attribute names and creation order.
+        self._self_attention_layer = MultiHeadSelfAttention(
             key_dim=self.key_dim,
             name="self_attention_layer",
             **self._attention_kwargs(),
         )
-        self.self_attention.build(inputs_shape)
-        self.self_attention_layer_norm = self._layer_norm(
+        self._self_attention_layer.build(inputs_shape)
+        self._self_attention_layer_norm = self._layer_norm(
             "self_attention_layer_norm", inputs_shape
         )
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
-        self.feedforward_layer_norm = self._layer_norm(
+        self._self_attention_dropout = self._dropout("self_attention_dropout")
+        self._feedforward_layer_norm = self._layer_norm(
             "feedforward_layer_norm", inputs_shape
         )
         self._build_feed_forward(inputs_shape)
+        self._feedforward_dropout = self._dropout("feedforward_dropout")
         self.built = True
 
     def call(
@@ -109,8 +126,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
         inputs_mask=None,
     ):
         padding = combine_masks(padding_mask, inputs_mask, mask)  # (B, T)
-        attended = self.self_attention(
-            self._pre(inputs, self.self_attention_layer_norm),
+        attended = self._self_attention_layer(
+            self._pre(inputs, self._self_attention_layer_norm),
             mask=padding,
             attention_mask=attention_mask,
             return_attention_scores=return_attention_scores,
@@ -121,8 +138,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
         x = self._post(
             inputs,
             attended,
-            self.self_attention_layer_norm,
-            self.self_attention_dropout,
+            self._self_attention_layer_norm,
+            self._self_attention_dropout,
             training,
         )
         outputs = self._feed_forward_block(x, training)
@@ -154,3 +171,22 @@ class TransformerEncoderBlock(TransformerBlockBase):
             (batch, self.num_heads, length, length), dtype=self.compute_dtype
         )
         return outputs, weights
+
+
+# The public second name of the class (keras-attn's names of the blocks).
+TransformerEncoderBlock = TransformerEncoder
+
+# Reads the `.keras` files that name `keras_attn>TransformerEncoderBlock`.
+_LegacyTransformerEncoderBlock = legacy_block_class(
+    TransformerEncoder,
+    "TransformerEncoderBlock",
+    {
+        "self_attention": "_self_attention_layer",
+        "self_attention_layer_norm": "_self_attention_layer_norm",
+        "self_attention_dropout": "_self_attention_dropout",
+        "feedforward_layer_norm": "_feedforward_layer_norm",
+        "feedforward_intermediate_dense": "_feedforward_intermediate_dense",
+        "feedforward_output_dense": "_feedforward_output_dense",
+        "feedforward_dropout": "_feedforward_dropout",
+    },
+)

@@ -73,3 +73,124 @@ def check_length(name: str, value, allow_none: bool = False):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
     return value
+
+
+# -- batching raw texts -------------------------------------------------------
+
+DEFAULT_BATCH_SIZE = 64
+VERBOSE_CHOICES = ("auto", 0, 1, 2)
+
+
+def check_batch_size(batch_size) -> int:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
+        raise ValueError(
+            f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}"
+        )
+    return batch_size
+
+
+def check_verbose(verbose):
+    if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
+        raise ValueError(
+            f"`verbose` must be one of {VERBOSE_CHOICES}. Received: verbose={verbose!r}"
+        )
+    return verbose
+
+
+def bucket_length(longest: int, cap: int | None = None) -> int:
+    """The padded width of a batch whose longest row has `longest` ids: the
+    next power of two from 8 to 128, then the next multiple of 128, at most
+    `cap`. A few widths (one compiled shape each under `tf.function` or
+    `jax.jit`), none far wider than the batch needs."""
+    width = 8
+    while width < longest and width < 128:
+        width *= 2
+    if longest > width:
+        width = -(-longest // 128) * 128
+    return width if cap is None else max(1, min(width, cap))
+
+
+def padded_ids(ids, cap: int | None = None, extra: int = 0):
+    """Token ids of a batch (a ragged or dense tensor, or an array; 0 =
+    padding at the end) as an int32 NumPy array `(B, width)`: each row cut to
+    `cap` ids, the batch padded with 0 to `bucket_length` of its longest row
+    plus `extra` (room for ids the caller adds)."""
+    import numpy as np
+
+    if hasattr(ids, "to_tensor"):  # a tf.RaggedTensor
+        ids = ids.to_tensor(default_value=PAD_ID)
+    ids = np.asarray(ids, dtype="int32")
+    if ids.ndim != 2:
+        raise ValueError(f"Expected token ids (batch, length). Received: {ids.shape}")
+    if cap is not None:
+        ids = ids[:, :cap]
+    columns = np.flatnonzero((ids != PAD_ID).any(axis=0))  # the non-empty ones
+    longest = (int(columns[-1]) + 1 if columns.size else 0) + extra
+    width = bucket_length(longest, cap)
+    if width <= ids.shape[1]:
+        return ids[:, :width]
+    return np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
+
+
+def map_batches(fn, texts, batch_size, verbose="auto", title="Predicting"):
+    """`fn(batch)` over `texts` in batches of `batch_size`, texts of similar
+    length batched together (less padding), and the results back in the
+    order of `texts`: a list, one item per text (`fn` returns a sequence of
+    one result per text of its batch). A `keras.utils.Progbar` over the
+    batches as `keras.Model.predict` shows it: `verbose` 1 a bar, 2 one line
+    at the end, 0 nothing, `"auto"` a bar when there is more than one batch.
+    Each batch's results are converted and kept, nothing else, so memory
+    stays flat as `texts` grow."""
+    from keras_attn._progress import progress_bar
+
+    check_batch_size(batch_size)
+    check_verbose(verbose)
+    batches = -(-len(texts) // batch_size)  # rounded up
+    if verbose == "auto":
+        verbose = 1 if batches > 1 else 0
+    # Longest first: a too-large batch fails at once, not at the end.
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    results = [None] * len(texts)
+    progress = progress_bar(title, batches, verbose) if batches else None
+    for step, start in enumerate(range(0, len(texts), batch_size), start=1):
+        indices = order[start : start + batch_size]
+        found = list(fn([texts[i] for i in indices]))
+        if len(found) != len(indices):
+            raise RuntimeError(f"{len(found)} results for {len(indices)} texts")
+        for index, result in zip(indices, found, strict=True):
+            results[index] = result
+        progress.update(step)
+    return results
+
+
+def cached(model, key, depends, build):
+    """`build()`, kept on `model` under `key` (out of Keras' tracking) and
+    rebuilt when any object of `depends` (say `model.tokenizer`) is no longer
+    the one it was built from: so a tokenizer is built once, not per call,
+    and setting `model.tokenizer` invalidates it."""
+    store = model.__dict__.setdefault("_task_cache", {})
+    found = store.get(key)
+    if (
+        found is None
+        or len(found[0]) != len(depends)
+        or any(a is not b for a, b in zip(found[0], depends, strict=True))
+    ):
+        found = store[key] = (tuple(depends), build())
+    return found[1]
+
+
+def decoded(texts) -> list[str]:
+    """Byte strings (a `tf.string` tensor, an array or a list) as `str`,
+    what is not valid UTF-8 replaced by U+FFFD."""
+    import numpy as np
+
+    if not isinstance(texts, (list, tuple)):
+        texts = np.asarray(texts, dtype=object).reshape(-1).tolist()
+    return [
+        text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+        for text in texts
+    ]

@@ -9,6 +9,11 @@ from keras import ops
 from keras_attn import _validation as v
 from keras_attn import generation
 from keras_attn._loops import map_chunks
+from keras_attn.layers._transformer_block import (
+    block_class,
+    block_structure_config,
+    blocks_of_config,
+)
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.models import _task
@@ -73,6 +78,7 @@ class TransformerLanguageModel(keras.Model):
             embedding_dim,
             position=position,
             mask_zero=True,
+            position_initializer="glorot_uniform",
             embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
             name="embedding",
         )
@@ -80,7 +86,7 @@ class TransformerLanguageModel(keras.Model):
         x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
         self.decoder_blocks = []
         for index in range(num_layers):
-            block = TransformerDecoderBlock(
+            block = block_class(TransformerDecoderBlock)(
                 num_heads=num_heads,
                 intermediate_dim=intermediate_dim,
                 dropout=dropout,
@@ -316,69 +322,200 @@ class TransformerLanguageModel(keras.Model):
             context_length=context_length,
         )
 
-    def score(self, texts, continuous_cache=None) -> dict:
+    def score(
+        self,
+        texts,
+        continuous_cache=None,
+        batch_size: int = _task.DEFAULT_BATCH_SIZE,
+        verbose="auto",
+    ) -> dict:
         """The log-likelihood of raw strings (`score_strings`) as NumPy
         arrays: `log_likelihood`, `num_tokens` and, with a
         `ContinuousCache`, `model_log_likelihood`; what the export's `score`
-        signature answers."""
+        signature answers.
+
+        Any number of texts, in batches of `batch_size` (memory stays flat),
+        texts of similar length batched together and each batch padded to a
+        bucket of its longest text; each text's figures do not depend on
+        the batching. `verbose`: as in `keras.Model.predict` (`"auto"`: a
+        progress bar when there is more than one batch).
+        """
         texts = _task.text_list("texts", texts)
-        scores = self.score_strings(texts, continuous_cache=continuous_cache)
-        return {name: np.asarray(ops.convert_to_numpy(x)) for name, x in scores.items()}
+        tokenizer = _task.require_tokenizer(self, "tokenizer", "score")
+        names = ["log_likelihood", "num_tokens"]
+        if continuous_cache is not None:
+            names.insert(1, "model_log_likelihood")
+
+        def score_batch(batch):
+            ids = _task.padded_ids(tokenizer.tokenize(batch), extra=2)
+            # [START, ..., END]: shift right by one, END after each text.
+            lengths = (ids != PAD_ID).sum(axis=1)
+            rows = np.zeros((len(batch), ids.shape[1]), "int32")
+            rows[:, 0] = START_ID
+            rows[:, 1:] = ids[:, :-1]
+            rows[np.arange(len(batch)), lengths + 1] = END_ID
+            scores = self.score_ids(rows, continuous_cache=continuous_cache)
+            columns = [np.asarray(ops.convert_to_numpy(scores[n])) for n in names]
+            return list(zip(*columns, strict=True))
+
+        found = _task.map_batches(score_batch, texts, batch_size, verbose, "Scoring")
+        dtypes = {"num_tokens": "int32"}
+        return {
+            name: np.asarray(
+                [row[column] for row in found], dtypes.get(name, "float32")
+            )
+            for column, name in enumerate(names)
+        }
 
     def generate(
         self,
         prompts,
-        max_new_tokens: int = 64,
+        max_new_tokens: int | None = None,
         sampler="greedy",
         seed=None,
+        batch_size: int = _task.DEFAULT_BATCH_SIZE,
+        verbose="auto",
     ) -> list[str]:
-        """Continue raw-string prompts: the text of at most `max_new_tokens`
-        new tokens after each prompt (the prompt itself not repeated).
+        """Continue raw-string prompts: the text of the new tokens after each
+        prompt (the prompt itself not repeated).
 
-        Each prompt starts with the start token and keeps its last tokens
-        within the context (`sequence_length - max_new_tokens`); generation
-        stops at the end token. `sampler`, `seed`: as in `generate_ids`.
-        What the export's `serving_default` answers (with greedy decoding).
+        Each prompt starts with the start token, and generation stops at the
+        end token. How many new tokens, and what a long prompt keeps:
+
+        - `max_new_tokens=None` (the default; keras-hub's `generate` fills its
+          `max_length` the same way): each prompt goes on until the context
+          (`sequence_length` tokens, the start token included) is full. A
+          prompt of more than `sequence_length - 2` tokens keeps its last
+          `sequence_length - 2`, leaving room for one new token.
+        - `max_new_tokens=N` (at most `sequence_length - 1`): at most `N` new
+          tokens; a prompt keeps its last `sequence_length - 1 - N` tokens
+          (none when `N = sequence_length - 1`), so prompt and new tokens fit
+          the context.
+
+        Any number of prompts, in batches of `batch_size` (memory stays
+        flat), prompts of similar length batched together and each batch
+        padded to a bucket of its longest prompt. With greedy decoding the
+        completions do not depend on the batching; a random sampler draws
+        from `seed` anew in every batch.
+
+        The text is valid UTF-8: a byte sequence that is not (a byte-level
+        vocabulary can emit one) is decoded with U+FFFD in its place. What
+        the export's `serving_default` answers (with greedy decoding).
+
+        Args:
+            prompts: a string or a list of strings.
+            max_new_tokens: see above; None or a positive int.
+            sampler: `"greedy"` or a `keras_attn.generation` sampler, as in
+                `generate_ids`.
+            seed: fixes a random sampler's draws.
+            batch_size: prompts continued at once.
+            verbose: `"auto"` (a progress bar when there is more than one
+                batch), 0, 1 (a bar) or 2 (one line at the end), as in
+                `keras.Model.predict`.
         """
         tokenizer = _task.require_tokenizer(self, "tokenizer", "generate")
-        ids = tokenizer.tokenize(_task.text_list("prompts", prompts))
-        new = self.continue_ids(ids, max_new_tokens, sampler=sampler, seed=seed)
-        return [text.decode("utf-8") for text in np.asarray(tokenizer.detokenize(new))]
+        prompts = _task.text_list("prompts", prompts)
+        keep = self._prompt_room(max_new_tokens, self.sequence_length)
+
+        def generate_batch(batch):
+            ids = tokenizer.tokenize(batch)  # ragged (B, None)
+            longest = int(np.max(np.asarray(ids.row_lengths()), initial=0))
+            width = _task.bucket_length(min(longest, keep) + 1, cap=keep + 1)
+            new = self.continue_ids(
+                ids, max_new_tokens, sampler=sampler, seed=seed, prompt_width=width
+            )
+            return _task.decoded(tokenizer.detokenize(new))
+
+        return _task.map_batches(
+            generate_batch, prompts, batch_size, verbose, title="Generating"
+        )
+
+    @staticmethod
+    def _prompt_room(max_new_tokens, context) -> int:
+        """Prompt tokens kept (the start token not counted) in a context of
+        `context` tokens, with `max_new_tokens` (checked) after them."""
+        if max_new_tokens is None:
+            if context < 2:
+                raise ValueError(
+                    "A context of one token leaves no room to generate. "
+                    f"Received: context_length={context}"
+                )
+            return context - 2
+        _task.check_length("max_new_tokens", max_new_tokens)
+        if max_new_tokens > context - 1:
+            raise ValueError(
+                f"`max_new_tokens` must be at most {context - 1}: the context of "
+                f"{context} tokens holds the start token too. Received: "
+                f"max_new_tokens={max_new_tokens}"
+            )
+        return context - 1 - max_new_tokens
 
     def continue_ids(
         self,
         ids,
-        max_new_tokens: int = 64,
+        max_new_tokens: int | None = None,
         context_length: int | None = None,
         sampler="greedy",
         seed=None,
+        prompt_width: int | None = None,
     ):
         """Ragged prompt ids `(B, None)` (a `tf.RaggedTensor`, without the
-        start token) -> ragged new ids `(B, <= max_new_tokens)`, as `generate`
-        and the export's `serving_default` continue prompts (TensorFlow,
-        eagerly or in a `tf.function`)."""
+        start token) -> ragged new ids `(B, None)`, as `generate` and the
+        export's `serving_default` continue prompts (TensorFlow, eagerly or
+        in a `tf.function`). `max_new_tokens` and what long prompts keep:
+        as in `generate`, in a context of `context_length` tokens (default
+        `sequence_length`). `prompt_width`: the prompts' padded width, start
+        token included (default: the most a prompt keeps, plus one)."""
         import tensorflow as tf
 
-        max_new_tokens = _task.check_length("max_new_tokens", max_new_tokens)
         context = context_length or self.sequence_length
-        budget = context - max_new_tokens  # prompt tokens kept, START included
-        if budget < 1:
-            raise ValueError(
-                "`max_new_tokens` must leave room for the prompt in the context "
-                f"({context}). Received: max_new_tokens={max_new_tokens}"
-            )
-        ids = ids[:, -(budget - 1) :] if budget > 1 else ids[:, :0]  # keep the end
+        keep = self._prompt_room(max_new_tokens, context)
+        ids = ids[:, -keep:] if keep > 0 else ids[:, :0]  # keep the end
         ids = tf.concat([tf.fill([ids.nrows(), 1], START_ID), ids], axis=1)
         lengths = tf.cast(ids.row_lengths(), tf.int32)  # (B,), START included
-        prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, budget])
-        total = budget + max_new_tokens
-        tokens = self.generate_ids(
-            prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
-        )  # (B, total): prompt, new tokens, padding
+        width = prompt_width or keep + 1
+        prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, width])
+        total = context if max_new_tokens is None else width + max_new_tokens
+        if tf.executing_eagerly() and keras.backend.backend() == "tensorflow":
+            generate = self._compiled_generation(width, total, sampler, seed)
+            tokens = generate(prompt, lengths)
+        else:
+            tokens = self.generate_ids(
+                prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
+            )  # (B, total): prompt, new tokens, padding
         positions = tf.range(total)[None, :]
         first_new = lengths[:, None]
-        new = (positions >= first_new) & (positions < first_new + max_new_tokens)
+        new = positions >= first_new
+        if max_new_tokens is not None:
+            new &= positions < first_new + max_new_tokens
         return tf.ragged.boolean_mask(tokens, new)
+
+    def _compiled_generation(self, width, total, sampler, seed):
+        """`generate_ids` of `(prompt (B, width), lengths (B,))` to `total`
+        tokens in one `tf.function`, traced once per setting and kept (an
+        eager decoding loop dispatches every op of every step)."""
+        import tensorflow as tf
+
+        key = (width, total, id(sampler), seed)
+        compiled = self.__dict__.setdefault("_compiled_generations", {})
+        if key not in compiled:
+
+            def generate(prompt, lengths):
+                return self.generate_ids(
+                    prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
+                )
+
+            compiled[key] = (
+                tf.function(
+                    generate,
+                    input_signature=[
+                        tf.TensorSpec([None, width], tf.int32),
+                        tf.TensorSpec([None], tf.int32),
+                    ],
+                ),
+                sampler,  # kept alive: its id is the key
+            )
+        return compiled[key][0]
 
     def stream_log_probs(
         self, dataset, states: bool = False, verbose: int = 0, title: str = "Scoring"
@@ -434,7 +571,7 @@ class TransformerLanguageModel(keras.Model):
         model_name: str = "language_model",
         version: int | None = None,
         context_length: int | None = None,
-        max_new_tokens: int = 64,
+        max_new_tokens: int | None = None,
         max_chars: int = 100_000,
         continuous_cache=None,
     ):
@@ -469,10 +606,12 @@ class TransformerLanguageModel(keras.Model):
             "normalize_first": self.normalize_first,
             "position": self.position,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
+            **block_structure_config(self.decoder_blocks),
         }
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
-        return cls(**config)
+        with blocks_of_config(config):  # old configs: blocks of their structure
+            return cls(**config)

@@ -8,6 +8,11 @@ import numpy as np
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.layers._transformer_block import (
+    block_class,
+    block_structure_config,
+    blocks_of_config,
+)
 from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
@@ -40,8 +45,21 @@ class _ClassifierTask:
 
     labels = LABELS  # the label of a probability at most, and above, the threshold
 
-    def classify(self, texts, max_length: int | None = None, threshold: float = 0.5):
+    def classify(
+        self,
+        texts,
+        max_length: int | None = None,
+        threshold: float = 0.5,
+        batch_size: int = _task.DEFAULT_BATCH_SIZE,
+        verbose="auto",
+    ):
         """The positive class's probability and the label of raw strings.
+
+        Any number of texts, in batches of `batch_size` (memory stays flat),
+        each batch padded to a bucket of its longest text
+        (`keras_attn.models._task.bucket_length`), not to `max_length`; the
+        tokenizer is built once and kept. The results do not depend on the
+        batching (up to float rounding).
 
         Args:
             texts: a string or a list of strings.
@@ -49,16 +67,35 @@ class _ClassifierTask:
                 truncated as the tokenizer truncates (a WordPiece tokenizer
                 keeps `[SEP]` last).
             threshold: the label is `"positive"` above it.
+            batch_size: texts classified at once.
+            verbose: `"auto"` (a progress bar when there is more than one
+                batch), 0 (none), 1 (a bar) or 2 (one line at the end), as
+                in `keras.Model.predict`.
 
         Returns:
             `{"positive_probability": (N,) float32 array, "label": [str]}`,
             what the TF Serving export answers.
         """
         texts = _task.text_list("texts", texts)
-        result = self.classify_strings(texts, max_length, threshold)
+        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
+            raise ValueError(
+                f"`threshold` must be a float. Received: threshold={threshold!r}"
+            )
+        tokenizer = self.dense_tokenizer(max_length)
+        cap = tokenizer.sequence_length
+
+        def probabilities(batch):
+            ids = _task.padded_ids(tokenizer.tokenize(batch), cap)  # (B, bucket)
+            probability = self(ids, training=False)
+            return np.asarray(ops.convert_to_numpy(probability), "float32")[:, 0]
+
+        found = _task.map_batches(
+            probabilities, texts, batch_size, verbose, title="Classifying"
+        )
+        probability = np.asarray(found, dtype="float32").reshape(-1)
         return {
-            "positive_probability": np.asarray(result["positive_probability"]),
-            "label": [label.decode("utf-8") for label in np.asarray(result["label"])],
+            "positive_probability": probability,
+            "label": [self.labels[int(p > threshold)] for p in probability],
         }
 
     def classify_strings(
@@ -91,13 +128,20 @@ class _ClassifierTask:
 
     def dense_tokenizer(self, max_length: int | None = None):
         """A copy of the model's tokenizer giving dense ids of `max_length`
-        tokens (default `sequence_length`)."""
+        tokens (default `sequence_length`), built once and kept until
+        `tokenizer` is set to another one."""
         tokenizer = _task.require_tokenizer(self, "tokenizer", "classify")
         max_length = _task.check_length(
             "max_length", max_length or self.sequence_length
         )
-        config = {**tokenizer.get_config(), "sequence_length": max_length}
-        return type(tokenizer).from_config(config)
+
+        def build():
+            config = {**tokenizer.get_config(), "sequence_length": max_length}
+            return type(tokenizer).from_config(config)
+
+        # Built once per tokenizer and length (building parses the vocabulary).
+        key = ("dense_tokenizer", max_length)
+        return _task.cached(self, key, (tokenizer,), build)
 
     def export(
         self,
@@ -185,6 +229,7 @@ class TextClassifier(_ClassifierTask, keras.Model):
             embedding_dim,
             position=position,
             mask_zero=True,
+            position_initializer="glorot_uniform",
             name="embedding",
         )
         x = self.embedding(token_ids)  # (B, T, d), Keras mask token_ids != 0
@@ -197,7 +242,7 @@ class TextClassifier(_ClassifierTask, keras.Model):
         x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
         self.encoder_blocks = []
         for index in range(num_layers):
-            block = TransformerEncoderBlock(
+            block = block_class(TransformerEncoderBlock)(
                 num_heads=num_heads,
                 intermediate_dim=intermediate_dim,
                 dropout=dropout,
@@ -321,13 +366,15 @@ class TextClassifier(_ClassifierTask, keras.Model):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "embedding_norm": self.embedding_norm is not None,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
+            **block_structure_config(self.encoder_blocks),
         }
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
-        return cls(**config)
+        with blocks_of_config(config):  # old configs: blocks of their structure
+            return cls(**config)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -6,6 +6,11 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.layers._transformer_block import (
+    block_class,
+    block_structure_config,
+    blocks_of_config,
+)
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
@@ -28,6 +33,7 @@ def translator_embedding(
         embedding_dim,
         position=position,
         mask_zero=True,
+        position_initializer="glorot_uniform",
         scale_embeddings=True,
         embeddings_initializer=keras.initializers.RandomNormal(
             stddev=embedding_dim**-0.5
@@ -168,6 +174,7 @@ class TransformerTranslator(Translator):
                 source_dim,
                 position="learned",
                 mask_zero=True,
+                position_initializer="glorot_uniform",
                 trainable=not freeze_source_embedding,
                 name="source_embedding",
             )
@@ -207,7 +214,7 @@ class TransformerTranslator(Translator):
         encoder_normalize_first = normalize_first and not bert
         self.encoder_blocks = []
         for index in range(num_encoder_layers):
-            block = TransformerEncoderBlock(
+            block = block_class(TransformerEncoderBlock)(
                 num_heads=encoder_num_heads or num_heads,
                 intermediate_dim=encoder_intermediate_dim or intermediate_dim,
                 dropout=dropout,
@@ -242,7 +249,7 @@ class TransformerTranslator(Translator):
         decoder_normalize_first = normalize_first or bert
         self.decoder_blocks = []
         for index in range(num_decoder_layers):
-            block = TransformerDecoderBlock(
+            block = block_class(TransformerDecoderBlock)(
                 num_heads=num_heads,
                 intermediate_dim=intermediate_dim,
                 dropout=dropout,
@@ -491,4 +498,11 @@ class TransformerTranslator(Translator):
             "encoder_layer_norm_epsilon": self.encoder_layer_norm_epsilon,
             "freeze_source_embedding": self.freeze_source_embedding,
             **self._tokenizer_config(),
+            **block_structure_config(self.encoder_blocks + self.decoder_blocks),
         }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        with blocks_of_config(config):  # old configs: blocks of their structure
+            return super().from_config(config)

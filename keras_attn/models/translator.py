@@ -111,48 +111,80 @@ class Translator(keras.Model):
         texts,
         beam_width: int = 4,
         length_penalty: float = 1.0,
-        max_length: int = 40,
+        max_length: int | None = None,
         nearest_neighbors=None,
-        batch_size: int = 64,
-        verbose: int = 0,
+        batch_size: int = _task.DEFAULT_BATCH_SIZE,
+        verbose="auto",
         title: str = "Translating",
     ) -> list[str]:
         """Translate raw strings with beam search.
+
+        Any number of texts, in batches of `batch_size` (memory stays flat),
+        sources of similar length batched together and each batch padded to
+        a bucket of its longest source (`keras_attn.models._task.
+        bucket_length`: one compiled decoding per bucket). The translations
+        do not depend on the batching.
 
         Args:
             texts: a string or a list of strings.
             beam_width: beams (1: greedy search).
             length_penalty: GNMT `alpha`: hypotheses are ranked by
                 `log P / ((5 + length) / 6) ** alpha`.
-            max_length: source tokens kept, and target tokens at most.
+            max_length: source tokens kept, and target tokens at most
+                (default 40, at most what the model's positions allow:
+                `max_length_limit()`).
             nearest_neighbors: a `keras_attn.memory.NearestNeighborDecoding`
                 (kNN-MT; Transformer only).
             batch_size: sources decoded at once.
-            verbose: 1 or 2 show the progress over the batches, under `title`.
+            verbose: `"auto"` (a progress bar when there is more than one
+                batch), 0, 1 (a bar) or 2 (one line at the end), under
+                `title`, as in `keras.Model.predict`.
 
         Returns:
-            The translations, detokenized, one per text.
+            The translations, detokenized, one per text (valid UTF-8: what
+            is not is replaced by U+FFFD).
         """
         texts = _task.text_list("texts", texts)
-        _task.require_tokenizer(self, "source_tokenizer", "translate")
+        source = _task.require_tokenizer(self, "source_tokenizer", "translate")
         target = _task.require_tokenizer(self, "target_tokenizer", "translate")
-        from keras_attn._progress import progress_bar
+        max_length = self._translation_length(max_length)
+        source_cap = min(max_length, self._source_positions() or max_length)
 
-        decode = self._compiled_decoding(
-            max_length, beam_width, length_penalty, nearest_neighbors
+        def translate_batch(batch):
+            ids = _task.padded_ids(source.tokenize(batch), source_cap)
+            decode = self._compiled_decoding(
+                max_length, beam_width, length_penalty, nearest_neighbors, ids.shape[1]
+            )
+            tokens, _ = decode(ids)
+            return _task.decoded(target.detokenize(np.asarray(tokens)))
+
+        return _task.map_batches(translate_batch, texts, batch_size, verbose, title)
+
+    def max_length_limit(self) -> int | None:
+        """The most target tokens the model's positions allow
+        (`sequence_length - 1`: the start token comes first), or None where
+        it has no position table (the RNN)."""
+        positions = getattr(self, "sequence_length", None)
+        return None if positions is None else positions - 1
+
+    def _source_positions(self) -> int | None:
+        return getattr(self, "source_sequence_length", None) or getattr(
+            self, "sequence_length", None
         )
-        hypotheses = []
-        batches = -(-len(texts) // batch_size)  # len / batch_size rounded up
-        progress = progress_bar(title, batches, verbose)
-        for step, start in enumerate(range(0, len(texts), batch_size), start=1):
-            ids = self.source_ids(texts[start : start + batch_size], max_length)
-            tokens, _ = decode(np.asarray(ids))
-            hypotheses += [
-                text.decode("utf-8")
-                for text in np.asarray(target.detokenize(np.asarray(tokens)))
-            ]
-            progress.update(step)
-        return hypotheses
+
+    def _translation_length(self, max_length):
+        """`max_length`, checked; None: 40, at most `max_length_limit()`."""
+        limit = self.max_length_limit()
+        if max_length is None:
+            return max(1, min(40, limit)) if limit else 40
+        max_length = _task.check_length("max_length", max_length)
+        if limit is not None and max_length > limit:
+            raise ValueError(
+                f"`max_length` must be at most {limit} (the model's sequence_length "
+                f"{limit + 1} holds the start token and {limit} more). Received: "
+                f"max_length={max_length}"
+            )
+        return max_length
 
     def source_ids(self, texts, max_length: int = 40, tokenizer=None):
         """Source ids `(B, max_length)` of strings (a list or a `tf.string`
@@ -166,10 +198,14 @@ class Translator(keras.Model):
         ids = tokenizer.tokenize(texts)[:, :max_length]  # ragged (B, <= max_length)
         return ids.to_tensor(default_value=PAD_ID, shape=[None, max_length])
 
-    def _compiled_decoding(self, max_length, beam_width, length_penalty, knn):
-        """`decoding_fn` compiled once per setting (`tf.function` on
-        TensorFlow, `jax.jit` on JAX) and kept for later calls."""
-        key = (max_length, beam_width, float(length_penalty), id(knn))
+    def _compiled_decoding(
+        self, max_length, beam_width, length_penalty, knn, source_width=None
+    ):
+        """`decoding_fn` compiled once per setting and source width
+        (`tf.function` on TensorFlow, `jax.jit` on JAX) and kept for later
+        calls. `source_width` defaults to `max_length`."""
+        source_width = source_width or max_length
+        key = (max_length, beam_width, float(length_penalty), id(knn), source_width)
         # Kept out of Keras' tracking: compiled functions are not state.
         compiled = self.__dict__.setdefault("_compiled_decodings", {})
         if key not in compiled:
@@ -178,10 +214,10 @@ class Translator(keras.Model):
             if backend == "tensorflow":
                 import tensorflow as tf
 
-                # One trace for every batch: a fixed source width, any size.
+                # One trace for every batch of this width, of any size.
                 decode = tf.function(
                     decode,
-                    input_signature=[tf.TensorSpec([None, max_length], tf.int32)],
+                    input_signature=[tf.TensorSpec([None, source_width], tf.int32)],
                 )
             elif backend == "jax":
                 import jax
@@ -195,14 +231,15 @@ class Translator(keras.Model):
         pairs,
         beam_width: int = 4,
         length_penalty: float = 1.0,
-        max_length: int = 40,
+        max_length: int | None = None,
         nearest_neighbors=None,
-        batch_size: int = 64,
-        verbose: int = 0,
+        batch_size: int = _task.DEFAULT_BATCH_SIZE,
+        verbose=0,
         title: str = "Translating",
     ) -> dict:
         """Translate the sources of `(source, reference)` pairs and score the
-        translations with sacrebleu (BLEU and chrF on detokenized text).
+        translations with sacrebleu (BLEU and chrF on detokenized text). The
+        arguments are `translate`'s.
 
         Returns:
             A dict: `sources`, `references`, `hypotheses` (lists of strings),

@@ -129,9 +129,11 @@ def attention_path(
     if return_weights:
         if flash_attention:
             raise ValueError(
-                "`flash_attention=True` needs a fused or memory-efficient "
-                "attention path, and the attention weights are requested, "
-                "which only the explicit path returns. Pass "
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to access"
+                " attention scores. (`flash_attention=True` needs a fused or "
+                "memory-efficient attention path, and the attention weights "
+                "are requested, which only the explicit path returns.) Pass "
                 "`flash_attention=None` (the fastest path that can honour the "
                 "call) or `False` (the explicit path). Received: "
                 "flash_attention=True, return_attention_scores=True"
@@ -160,6 +162,11 @@ def attention_path(
 # cuDNN's fused attention ("__cudnn$fmhaSoftmax", ...) and Pallas kernels on
 # TPUs (Keras uses the splash attention kernel there).
 _FUSED_KERNEL_TARGETS = ("cudnn$fmha", "tpu_custom_call")
+
+
+def _static_dim(dim):
+    """`dim` as a Python int, `None` when unknown or symbolic."""
+    return dim if isinstance(dim, int) else None
 
 
 def fused_kernel_runs(query, key, value, mask_shape=None, is_causal=False) -> bool:
@@ -275,6 +282,7 @@ def check_flash_attention(flash_attention, dropout: float = 0.0):
     )
     if required and dropout > 0:
         raise ValueError(
+            "Dropout is not supported when flash attention is enabled. "
             "A fused attention path (`flash_attention=True`, or `None` after "
             "`keras.config.enable_flash_attention()`) cannot apply dropout to "
             "the attention weights: set `dropout=0` or `flash_attention=False`. "
@@ -394,10 +402,22 @@ def dot_product_attention(
         )
         or (is_causal and not causal_kernel)
     )
-    query_length, key_length = query.shape[1], key.shape[1]
+    # JAX traces a layer with symbolic shapes when Keras infers the output
+    # spec of a layer around it that has no `compute_output_spec`; only the
+    # shapes matter then, and the explicit path gives them (the others
+    # compare and pad symbolic lengths, which JAX cannot always decide).
+    symbolic = not all(
+        isinstance(dim, (int, type(None))) for dim in (*query.shape, *key.shape)
+    )
+    query_length, key_length = _static_dim(query.shape[1]), _static_dim(key.shape[1])
     same_head_dims = value.shape[-1] == key.shape[-1]
-    explicit_only = flash_attention is False or (
-        flash_attention is None and keras.config.is_flash_attention_enabled() is False
+    explicit_only = (
+        symbolic
+        or flash_attention is False
+        or (
+            flash_attention is None
+            and keras.config.is_flash_attention_enabled() is False
+        )
     )
     fused_kernel = (
         # jax.nn.dot_product_attention needs value heads as wide as key heads.
@@ -432,6 +452,8 @@ def dot_product_attention(
         key_length=key_length,
         dtype=query.dtype,
     )
+    if symbolic:
+        path = EXPLICIT
 
     def memory_efficient():
         return memory_efficient_attention(

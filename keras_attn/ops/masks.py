@@ -133,6 +133,54 @@ def attention_mask_from_padding(query_mask=None, key_mask=None):
     )
 
 
+def split_attention_mask(attention_mask):
+    """An attention mask split into the components attention reads cheapest.
+
+    `attention_mask` broadcasts to `(B, N, Tq, Tk)` as Keras broadcasts it:
+    a rank-2 mask is `(Tq, Tk)`, a rank-3 mask `(B, Tq, Tk)` (the heads axis
+    inserted), a rank-4 mask `(B, N, Tq, Tk)`; any axis may be 1. Where the
+    static shape shows what the mask really is, it is returned as such:
+
+    - a key padding mask, `(B|1, 1, Tk)` or `(B|1, 1, 1, Tk)` (keras.io's
+      Transformers pass one): `(B|1, Tk)`;
+    - a query mask, `(B|1, Tq, 1)` or `(B|1, 1, Tq, 1)`: `(B|1, Tq)`;
+    - anything else stays a mask, as `(B|1, N|1, Tq|1, Tk|1)` (no axis
+      broadcast: a shared `(Tq, Tk)` mask stays `(1, 1, Tq, Tk)`).
+
+    Args:
+        attention_mask: boolean (or 0/1) tensor of rank 2 to 4, or `None`.
+
+    Returns:
+        `(key_padding_mask, query_padding_mask, mask)`, each `None` where
+        absent; the padding masks may have a batch (and length) of 1.
+
+    Example:
+
+    >>> keys, queries, mask = split_attention_mask(np.ones((2, 1, 5), bool))
+    >>> keys.shape, queries, mask  # ((2, 5), None, None)
+    """
+    mask = padding_mask(attention_mask)
+    if mask is None:
+        return None, None, None
+    rank = len(mask.shape)
+    if not 2 <= rank <= 4:
+        raise ValueError(
+            "`attention_mask` must have rank 2 (Tq, Tk), 3 (batch, Tq, Tk) or "
+            f"4 (batch, heads, Tq, Tk). Received: attention_mask.shape="
+            f"{tuple(mask.shape)}"
+        )
+    if rank == 2:
+        mask = mask[None, None]  # (1, 1, Tq, Tk)
+    elif rank == 3:
+        mask = mask[:, None]  # (B, 1, Tq, Tk)
+    heads, queries, keys = mask.shape[1:]
+    if heads == 1 and queries == 1:
+        return mask[:, 0, 0, :], None, None  # (B|1, Tk)
+    if heads == 1 and keys == 1:
+        return None, mask[:, 0, :, 0], None  # (B|1, Tq)
+    return None, None, mask  # (B|1, N|1, Tq, Tk)
+
+
 def rows_with_keys(
     query_length,
     key_length,
@@ -178,11 +226,19 @@ def rows_with_keys(
                 sliding_window_mask(query_length, key_length, sliding_window, offset),
             )
         combined = combine_masks(
-            attention_mask,  # (B|1, Tq, Tk)
-            None if key_padding_mask is None else key_padding_mask[:, None, :],
-            None if band is None else band[None],
-        )
-        return combine_masks(ops.any(combined, axis=-1), query_padding_mask)
+            attention_mask, None if band is None else band[None]
+        )  # (B|1, Tq, Tk)
+        if key_padding_mask is None:
+            rows = ops.any(combined, axis=-1)  # (B|1, Tq)
+        else:
+            # The keys each row keeps, counted by a matmul: a shared mask
+            # meets the (B, Tk) padding without a (B, Tq, Tk) tensor.
+            counts = ops.matmul(
+                ops.cast(combined, "float32"),  # (B|1, Tq, Tk)
+                ops.cast(key_padding_mask, "float32")[:, :, None],  # (B, Tk, 1)
+            )  # (B, Tq, 1)
+            rows = ops.greater(counts[..., 0], 0.0)  # (B, Tq)
+        return combine_masks(rows, query_padding_mask)
     if not causal and sliding_window is None and key_padding_mask is None:
         return query_padding_mask
     positions = ops.arange(query_length, dtype="int32") + ops.cast(

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from tests.examples.fresh_load import assert_run_loads_in_a_fresh_process
 from tests.examples.test_data_options import load_script
 from tests.examples.test_scripts import FIXTURES, run_script
 
@@ -115,6 +116,12 @@ def test_smoke_run_records_strided_and_nonoverlapping_figures_and_exports_the_ca
         "window": None,
     }
     assert "model_log_likelihood" in metadata["signatures"]["score"]["outputs"]
+    # model.keras loads with its compile config where only keras_attn is
+    # imported, and generates (its context of 32 tokens: the default
+    # max_new_tokens fits it) and scores.
+    loaded = assert_run_loads_in_a_fresh_process(out, tmp_path)
+    assert loaded["class"] == "TransformerLanguageModel"
+    assert loaded["weights"] == ["checkpoints/best.weights.h5"]
 
 
 def test_cache_options_parse_and_bad_values_are_refused(capsys):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.examples.fresh_load import assert_run_loads_in_a_fresh_process
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 
@@ -125,6 +127,12 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
         assert re.search(heading + r"\d+/\d+ - \d+s - .*accuracy", stdout), split
     assert "\r" not in stdout and "\u2501" not in stdout  # the bar's glyph
     assert_a_rerun_rescores("sentiment.py", out, ["--no-export"], "test_accuracy")
+    loaded = assert_run_loads_in_a_fresh_process(out, tmp_path)
+    assert loaded["class"] == "TextClassifierEnsemble"
+    assert loaded["weights"] == [
+        "members/0/checkpoints/best.weights.h5",
+        "members/1/checkpoints/best.weights.h5",
+    ]
 
 
 def test_translate_smoke(tmp_path):
@@ -199,6 +207,34 @@ def test_translate_smoke(tmp_path):
     assert_a_rerun_rescores(
         "translate.py", out, ["--beam-width", "2", "--no-export"], "test_bleu"
     )
+    loaded = assert_run_loads_in_a_fresh_process(out, tmp_path)
+    assert (loaded["class"], loaded["loss"]) == (
+        "TransformerTranslator",
+        "SmoothedSparseCrossentropy",
+    )
+    assert loaded["weights"] == ["checkpoints/best.weights.h5"]
+
+
+@pytest.mark.large  # the Transformer's run above loads the same way
+def test_translate_smoke_with_the_rnn_loads_in_a_fresh_process(tmp_path):
+    out = tmp_path / "run"
+    run_script(
+        "translate.py",
+        "--smoke",
+        "--model",
+        "rnn",
+        "--data",
+        FIXTURES / "de_en_pairs.tsv",
+        "--no-export",
+        "--out",
+        out,
+    )
+    loaded = assert_run_loads_in_a_fresh_process(out, tmp_path)
+    assert (loaded["class"], loaded["loss"]) == (
+        "RNNTranslator",
+        "SmoothedSparseCrossentropy",
+    )
+    assert loaded["weights"] == ["checkpoints/best.weights.h5"]
 
 
 @pytest.mark.large  # the sampling is tested in tests/text, the flag's wiring here
@@ -342,6 +378,9 @@ def test_sentiment_smoke_fine_tunes_a_pretrained_checkpoint(sentiment_file, tmp_
     assert len(rates) == 3 and rates[-1] < min(rates[:-1])
     # Mean pooling: the plots show the last block's self-attention.
     assert sorted(p.name for p in (out / "plots").iterdir())[0] == "review_0.png"
+    # The WordPiece tokenizer and AdamW load with the model.
+    loaded = assert_run_loads_in_a_fresh_process(out, tmp_path)
+    assert (loaded["class"], loaded["optimizer"]) == ("TextClassifier", "AdamW")
 
 
 def test_sentiment_refuses_inputs_longer_than_the_encoders_positions(

@@ -255,3 +255,35 @@ def test_the_export_answers_what_generate_and_score_give(exported, exported_with
         assert sorted(eager) == sorted(outputs)
         for name, value in eager.items():
             np.testing.assert_allclose(outputs[name].numpy(), value, rtol=1e-5)
+
+
+def test_completions_are_valid_utf8(small_tokenizer, tmp_path, monkeypatch):
+    """Tokens that decode to bytes that are no UTF-8 text (a byte-level
+    vocabulary can emit them) are served with U+FFFD in their place, as the
+    eager `generate` gives them: forced here by a tokenizer whose text ends
+    with the lone lead byte 0xC3."""
+    from keras_attn.export import language_model as module
+    from keras_attn.text import SubwordTokenizer
+
+    class BadBytes(SubwordTokenizer):
+        def detokenize(self, ids):
+            return tf.strings.join([super().detokenize(ids), b"\xc3("])
+
+    monkeypatch.setattr(module, "SubwordTokenizer", BadBytes)
+    model = TransformerLanguageModel(
+        small_tokenizer.vocabulary_size,
+        sequence_length=CONTEXT,
+        embedding_dim=16,
+        num_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+        tokenizer=small_tokenizer,
+    )
+    path = model.export(tmp_path, max_new_tokens=3)
+    served = tf.saved_model.load(str(path)).signatures["serving_default"]
+    prompts = ["KING:", "", "\xff\xfe"]
+    completions = served(prompt=tf.constant(prompts))["completion"].numpy()
+    expected = model.generate(prompts, max_new_tokens=3)
+    for completion, eager in zip(completions, expected, strict=True):
+        text = completion.decode("utf-8")  # strict: raises if not UTF-8
+        assert text == eager + "\ufffd("

@@ -211,6 +211,80 @@ def test_higher_rank_inputs_with_attention_axes(paths_taken):
     assert_same(efficient, explicit)
 
 
+# Every attention-mask form Keras takes, and what of it reaches the blocks:
+# a key (or query) padding mask in disguise becomes the padding component,
+# a shared mask keeps its batch of 1; none is broadcast to (B, Tq, Tk).
+PER_HEAD_MASK = RNG.uniform(size=(B, 2, TQ, TK)) > 0.3
+PER_HEAD_MASK[0, 1, 9] = False  # a row with no key in one head only
+MASK_FORMS = {
+    "query_key": (ATTENTION_MASK[0], {"attention_mask": (1, 1, TQ, TK)}),
+    "key_padding_rank3": (
+        VALUE_MASK[:, None, :],
+        {"attention_mask": None, "key_padding_mask": (B, TK)},
+    ),
+    "shared_rank3": (ATTENTION_MASK[:1], {"attention_mask": (1, 1, TQ, TK)}),
+    "batch_rank3": (ATTENTION_MASK, {"attention_mask": (B, 1, TQ, TK)}),
+    "query_rows_rank3": (
+        QUERY_MASK[:, :, None],
+        {"attention_mask": None, "query_padding_mask": (B, TQ)},
+    ),
+    "key_padding_rank4": (
+        VALUE_MASK[:, None, None, :],
+        {"attention_mask": None, "key_padding_mask": (B, TK)},
+    ),
+    "shared_rank4": (ATTENTION_MASK[:1, None], {"attention_mask": (1, 1, TQ, TK)}),
+    "per_head": (PER_HEAD_MASK, {"attention_mask": (B, 2, TQ, TK)}),
+}
+
+
+@pytest.mark.parametrize("form", list(MASK_FORMS))
+def test_every_attention_mask_form_on_the_memory_efficient_path(
+    form, paths_taken, monkeypatch
+):
+    mask, reaching = MASK_FORMS[form]
+    received = []
+    blocks = attention_module.memory_efficient_attention
+
+    def record(*args, **kwargs):
+        received.append(
+            {
+                name: None if kwargs.get(name) is None else tuple(kwargs[name].shape)
+                for name in reaching
+            }
+        )
+        return blocks(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "memory_efficient_attention", record)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    layer(QUERY, VALUE)
+
+    def call(query, value):
+        return layer(query, value, attention_mask=mask, use_causal_mask=True)
+
+    efficient, explicit = both_paths(
+        layer, call, (QUERY, VALUE), COTANGENT, paths_taken
+    )
+    assert_same(efficient, explicit)
+    assert received and all(shapes == reaching for shapes in received)
+
+
+def test_causal_mask_over_axis_one_of_higher_rank_inputs_on_the_blocks(paths_taken):
+    images = RNG.normal(size=(2, 70, 3, 8)).astype("float32")  # attend over 70
+    mask = RNG.uniform(size=(2, 3, 70, 70)) > 0.2  # (B, <other>, Tq, Tk)
+    layer = MultiHeadAttention(
+        num_heads=2, key_dim=4, attention_axes=(1,), sliding_window=9
+    )
+    layer(images, images)
+
+    def call(x):
+        return layer(x, x, attention_mask=mask, use_causal_mask=True)
+
+    efficient, explicit = both_paths(
+        layer, call, (images,), np.ones_like(images), paths_taken
+    )
+    assert_same(efficient, explicit)
+
+
 def test_self_attention_with_keras_mask_and_the_blocks(paths_taken):
     decoder_padding = VALUE_MASK[:, :TQ]
     self_attention = MultiHeadSelfAttention(num_heads=2, causal=True)
@@ -473,3 +547,33 @@ def test_fit_on_long_sequences_with_attention_dropout(paths_taken):
     assert paths_taken["memory_efficient"] > 0
     for weight, value in zip(kernels, before, strict=True):
         assert not np.array_equal(to_numpy(weight), value), weight.path
+
+
+@pytest.mark.parametrize("flash_attention", [None, True])
+def test_inside_a_layer_without_output_spec_in_the_functional_api(flash_attention):
+    """Keras infers the output spec of a custom layer that has no
+    `compute_output_spec` by tracing its call; on JAX with symbolic lengths,
+    which cannot be compared with the switch-over length or padded into
+    blocks. The model builds, and its outputs are the explicit path's."""
+
+    class Wrapper(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.attention = MultiHeadAttention(
+                num_heads=2, key_dim=4, flash_attention=flash_attention
+            )
+
+        def call(self, inputs):
+            padding = ops.ones_like(inputs[:, None, :, 0], dtype="int32")  # (B,1,T)
+            return self.attention(inputs, inputs, attention_mask=padding)
+
+    inputs = keras.Input((None, 8))
+    model = keras.Model(inputs, Wrapper()(inputs))
+    assert model.output.shape == (None, None, 8)
+    data = RNG.normal(size=(2, switch_over_length("float32") + 3, 8)).astype("float32")
+    reference = MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=False)
+    reference(data, data)
+    reference.set_weights(model.layers[-1].attention.get_weights())
+    np.testing.assert_allclose(
+        to_numpy(model(data)), to_numpy(reference(data, data)), atol=1e-5
+    )

@@ -1,6 +1,7 @@
 import keras
 import numpy as np
 import pytest
+from keras import ops
 
 from keras_attn.layers import LuongAttention
 from tests.test_case import TestCase, to_numpy
@@ -162,6 +163,64 @@ class LuongAttentionTest(TestCase):
         value = keras.Input((None, 6), name="value")
         context = LuongAttention(score="concat", units=5)(query, value)
         self.run_saved_model_test(keras.Model([query, value], context), [QUERY, VALUE6])
+
+    def test_precomputed_key_projection(self):
+        # (variant, the last dimension of `project_key(key)`: dk, dq or units)
+        for (name, kwargs, _), projected_dim in zip(
+            VARIANTS, (4, 4, 4, 4, 5), strict=True
+        ):
+            value = VALUE if kwargs["score"] == "dot" else VALUE6
+            layer = LuongAttention(**kwargs)
+            for query in (STATE, QUERY):
+                expected = layer(
+                    query, value, value_mask=VALUE_MASK, return_attention_scores=True
+                )
+                if kwargs.get("scale") == "learned":
+                    layer.scale_factor.assign(1.7)
+                    expected = layer(
+                        query,
+                        value,
+                        value_mask=VALUE_MASK,
+                        return_attention_scores=True,
+                    )
+                projected = layer.project_key(value)  # once per source
+                self.assertEqual(tuple(projected.shape), (2, 5, projected_dim), name)
+                got = layer(
+                    query,
+                    value,
+                    value_mask=VALUE_MASK,
+                    return_attention_scores=True,
+                    projected_key=projected,
+                )
+                self.assertAllClose(got, expected, atol=1e-5, msg=name)
+            # The scores come from the projection passed in, not from the key.
+            if kwargs["score"] != "concat":
+                weights = layer(
+                    QUERY,
+                    value,
+                    return_attention_scores=True,
+                    projected_key=0 * projected,
+                )[1]
+                self.assertAllClose(weights, np.full((2, 3, 5), 0.2), msg=name)
+            with self.assertRaisesRegex(
+                ValueError, r"projected_key.*Received: projected_key.shape=\(2, 5, 7\)"
+            ):
+                layer(QUERY, value, projected_key=np.zeros((2, 5, 7), "float32"))
+
+    def test_precomputed_key_projection_under_mixed_float16(self):
+        large = (VALUE6 * 300).astype("float32")
+        layer = LuongAttention(score="general", dtype="mixed_float16")
+        expected = layer(QUERY * 300, large, return_attention_scores=True)
+        got = layer(
+            QUERY * 300,
+            large,
+            return_attention_scores=True,
+            projected_key=layer.project_key(ops.cast(large, "float16")),
+        )
+        self.assertAllFinite(got)
+        self.assertAllClose(
+            ops.cast(got[1], "float32"), ops.cast(expected[1], "float32"), atol=2e-2
+        )
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"Received: score='bilinear'"):

@@ -1,5 +1,6 @@
 import inspect
 import os
+import re
 import tempfile
 
 import keras
@@ -756,3 +757,350 @@ def test_self_attention_keeps_the_keras_mask_next_to_an_attention_mask():
     np.testing.assert_array_equal(out[0, 2:], 0.0)  # padded queries
     trimmed = to_numpy(model([ids[:, :2], everything[:, :2, :2]]))
     np.testing.assert_allclose(out[:, :2], trimmed, atol=1e-5)  # padded keys ignored
+
+
+# -- Keras's attention masks, `_compute_attention`, structure ---------------------
+
+HEAD_MASK_RNG = np.random.default_rng(34)
+
+
+def _mask(shape, keep_first_key=True):
+    mask = HEAD_MASK_RNG.uniform(size=shape) > 0.4
+    if keep_first_key:
+        mask[..., 0] = True  # every row keeps a key, in every head
+    return mask
+
+
+# Every attention-mask form Keras takes with rank-3 inputs (B=2, N=2, Tq=4,
+# Tk=6): rank 2 is (Tq, Tk), rank 3 broadcasts to (B, Tq, Tk), rank 4 to
+# (B, N, Tq, Tk).
+ATTENTION_MASK_FORMS = {
+    "query_key": _mask((4, 6)),
+    "key_padding_rank3": np.array([[[True] * 6], [[True] * 3 + [False] * 3]]),
+    "shared_rank3": _mask((1, 4, 6)),
+    "batch_rank3": _mask((2, 4, 6)),
+    "query_rows_rank3": np.array([[[True]] * 4, [[True], [False], [True], [True]]]),
+    "key_padding_rank4": np.array(
+        [[[[True] * 5 + [False]]], [[[True] * 2 + [False] * 4]]]
+    ),
+    "shared_rank4": _mask((1, 1, 4, 6)),
+    "batch_rank4": _mask((2, 1, 4, 6)),
+    "per_head": _mask((2, 2, 4, 6)),
+    "per_head_shared": _mask((1, 2, 4, 6)),
+}
+
+
+def _rows_of(mask):
+    """`(B, Tq)`: rows with a key in some head, for a mask of any form."""
+    mask = np.asarray(mask)
+    if mask.ndim == 2:
+        mask = mask[None, None]
+    elif mask.ndim == 3:
+        mask = mask[:, None]
+    mask = np.broadcast_to(mask, (2, 2, 4, 6))
+    return mask.any(-1).any(1)
+
+
+@pytest.mark.parametrize("form", list(ATTENTION_MASK_FORMS))
+@pytest.mark.parametrize(
+    "flash, scores",
+    [(None, False), (True, False), (False, False), (None, True), (False, True)],
+    ids=["flash_none", "flash_true", "flash_false", "scores", "scores_explicit"],
+)
+def test_every_keras_attention_mask_form_on_every_path_matches_keras(
+    form, flash, scores
+):
+    mask = ATTENTION_MASK_FORMS[form]
+    layer = MultiHeadAttention(num_heads=2, key_dim=3)
+    layer(QUERY, VALUE)
+    twin = keras_twin(layer)
+    layer.flash_attention = flash
+    rows = _rows_of(mask)
+    want, want_weights = twin(
+        QUERY, VALUE, attention_mask=mask, return_attention_scores=True
+    )
+    got = layer(QUERY, VALUE, attention_mask=mask, return_attention_scores=scores)
+    if scores:
+        got, got_weights = got
+        np.testing.assert_allclose(
+            to_numpy(got_weights).transpose(0, 2, 1, 3)[rows],
+            to_numpy(want_weights).transpose(0, 2, 1, 3)[rows],
+            atol=1e-5,
+        )
+    got = to_numpy(got)
+    np.testing.assert_allclose(got[rows], to_numpy(want)[rows], atol=1e-5)
+    np.testing.assert_array_equal(got[~rows], 0.0)  # no key: a zero row
+    if form == "query_rows_rank3":
+        assert (~rows).any()
+    # And with the padding masks on top, in the functional API.
+    query_in, value_in = keras.Input((4, 8)), keras.Input((6, 10))
+    mask_in = keras.Input(mask.shape[1:], dtype="bool", batch_size=None)
+    if mask.shape[0] == 1 and mask.ndim > 2:  # a shared mask: no batch axis
+        mask_in = keras.Input(batch_shape=mask.shape, dtype="bool")
+    if mask.ndim == 2:
+        mask_in = keras.Input(batch_shape=mask.shape, dtype="bool")
+    model = keras.Model(
+        [query_in, value_in, mask_in],
+        layer(query_in, value_in, attention_mask=mask_in, value_mask=None),
+    )
+    np.testing.assert_allclose(
+        to_numpy(model([QUERY, VALUE, mask]))[rows], to_numpy(want)[rows], atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("flash", [None, True, False])
+def test_a_key_padding_mask_as_keras_io_translation_passes_it(flash):
+    # keras.io's English-to-Spanish Transformer: a (B, 1, T) padding mask.
+    tokens = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 1, 2, 0]])
+    padding = (tokens != 0)[:, None, :]  # (B, 1, Tk)
+    layer = MultiHeadAttention(num_heads=2, key_dim=3)
+    layer(QUERY, VALUE)
+    want = to_numpy(keras_twin(layer)(QUERY, VALUE, attention_mask=padding))
+    layer.flash_attention = flash
+    got = to_numpy(layer(QUERY, VALUE, attention_mask=padding))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    same = to_numpy(layer(QUERY, VALUE, value_mask=tokens != 0))
+    np.testing.assert_allclose(got, same, atol=1e-6)
+
+
+def test_masks_keras_refuses_are_refused_with_the_shape_received():
+    layer = MultiHeadAttention(num_heads=2, key_dim=3)
+    keras_layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+    for shape in ((2, 6), (6,), (3, 4, 6), (2, 3, 4, 6), (2, 2, 2, 4, 6)):
+        mask = np.ones(shape, bool)
+        try:
+            keras_layer(QUERY, VALUE, attention_mask=mask)
+        except Exception:  # Keras fails on it too (its error type varies)
+            pass
+        else:
+            raise AssertionError(f"Keras takes an attention mask of {shape}")
+        pattern = r"Received: attention_mask.shape=" + re.escape(str(shape))
+        with pytest.raises(ValueError, match=pattern):
+            layer(QUERY, VALUE, attention_mask=mask)
+    # A (B, Tk) padding mask: the error says what a rank-2 mask is.
+    with pytest.raises(ValueError, match=r"rank-2 mask is \(Tq, Tk\)"):
+        layer(QUERY, VALUE, attention_mask=np.ones((2, 6), bool))
+
+
+@pytest.mark.parametrize("scores", [False, True])
+def test_causal_mask_with_attention_over_axis_one_of_higher_rank_inputs(scores):
+    images = IMAGES.transpose(0, 2, 1, 3)  # (B, 5, 3, C): attend over the 5
+    layer = MultiHeadAttention(num_heads=2, key_dim=3, attention_axes=(1,))
+    layer(images, images)
+    twin = keras_twin(layer, images, images)
+    want, want_weights = twin(
+        images, images, use_causal_mask=True, return_attention_scores=True
+    )
+    got = layer(images, images, use_causal_mask=True, return_attention_scores=scores)
+    if scores:
+        got, got_weights = got
+        np.testing.assert_allclose(
+            to_numpy(got_weights), to_numpy(want_weights), atol=1e-5
+        )
+        future = np.triu(np.ones((5, 5), bool), k=1)
+        assert to_numpy(got_weights)[..., future].max() == 0.0
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
+    # With an attention mask over the same axes, and on the blocks.
+    mask = _mask((2, 3, 5, 5))  # (B, <other>, Tq, Tk)
+    want = twin(images, images, use_causal_mask=True, attention_mask=mask)
+    layer.flash_attention = True
+    got = layer(images, images, use_causal_mask=True, attention_mask=mask)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
+    for axes in ((2,), (1, 2), None):
+        other = MultiHeadAttention(num_heads=2, key_dim=3, attention_axes=axes)
+        with pytest.raises(
+            ValueError, match=r"attention over axis 1 alone.*use_causal_mask=True"
+        ):
+            other(images, images, use_causal_mask=True)
+
+
+class _RecordingAttention(MultiHeadAttention):
+    """Overrides `_compute_attention` with Keras's signature, as keras-hub's
+    models do, and records what it gets."""
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        self.seen = {
+            "query": query,
+            "mask": None if attention_mask is None else to_numpy(attention_mask),
+        }
+        return super()._compute_attention(
+            query, key, value, attention_mask, training, return_attention_scores
+        )
+
+
+class _UniformAttention(MultiHeadAttention):
+    """Replaces the attention by the mean of the values."""
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        mean = keras.ops.mean(value, axis=1, keepdims=True)  # (B, 1, N, H)
+        outputs = keras.ops.broadcast_to(
+            mean, (*keras.ops.shape(query)[:3], value.shape[-1])
+        )
+        return outputs, None
+
+
+def test_a_subclass_overriding_compute_attention_takes_over():
+    layer = _UniformAttention(num_heads=2, key_dim=3)
+    got = to_numpy(layer(QUERY, VALUE))
+    values = to_numpy(layer.value_dense(VALUE)).mean(1, keepdims=True)
+    want = to_numpy(layer.output_dense(np.repeat(values, 4, axis=1)))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # Keras's subclass of its own layer does the same.
+    base = MultiHeadAttention(num_heads=2, key_dim=3)
+    base(QUERY, VALUE)
+    base.set_weights(layer.get_weights())
+    assert not np.allclose(to_numpy(base(QUERY, VALUE)), got, atol=1e-3)
+
+
+@pytest.mark.parametrize("flash", [None, True, False])
+def test_an_override_with_keras_signature_gets_every_mask_combined(flash):
+    layer = _RecordingAttention(
+        num_heads=2, key_dim=3, sliding_window=3, flash_attention=flash
+    )
+    plain = MultiHeadAttention(num_heads=2, key_dim=3, sliding_window=3)
+    layer(QUERY, VALUE)
+    plain(QUERY, VALUE)
+    plain.set_weights(layer.get_weights())
+    masks = {
+        "value_mask": VALUE_MASK,
+        "query_mask": QUERY_MASK,
+        "attention_mask": ATTENTION_MASK_FORMS["shared_rank3"],
+        "use_causal_mask": True,
+    }
+    got = to_numpy(layer(QUERY, VALUE, **masks))
+    np.testing.assert_allclose(got, to_numpy(plain(QUERY, VALUE, **masks)), atol=1e-5)
+    # Keras's form: (B, Tq, Tk), the AND of every mask; the query unscaled.
+    positions = np.arange(4)[:, None], np.arange(6)[None]
+    want_mask = (
+        ATTENTION_MASK_FORMS["shared_rank3"]
+        & VALUE_MASK[:, None, :]
+        & QUERY_MASK[:, :, None]
+        & (positions[1] <= positions[0])
+        & (np.abs(positions[0] - positions[1]) < 3)
+    )
+    np.testing.assert_array_equal(layer.seen["mask"], want_mask)
+    np.testing.assert_allclose(
+        to_numpy(layer.seen["query"]), to_numpy(layer.query_dense(QUERY)), atol=1e-6
+    )
+    # Causal alone: Keras gives an override the causal mask (not None).
+    layer(QUERY, VALUE, use_causal_mask=True)
+    np.testing.assert_array_equal(
+        layer.seen["mask"],
+        ((positions[1] <= positions[0]) & (np.abs(positions[0] - positions[1]) < 3))[
+            None
+        ],
+    )
+
+
+class _CachedAttention(MultiHeadAttention):
+    """keras-hub's `CachedMultiHeadAttention`, written the same way on ours:
+    its own `call` (the very function) around `self._compute_attention`."""
+
+    call = keras_hub.layers.CachedMultiHeadAttention.call
+
+
+def test_keras_hub_cached_attention_written_on_ours_matches_keras_hub():
+    inputs = RNG.normal(size=(2, 5, 8)).astype("float32")
+    ours = _CachedAttention(num_heads=2, key_dim=4)
+    hub = keras_hub.layers.CachedMultiHeadAttention(num_heads=2, key_dim=4)
+    hub(inputs, inputs)
+    ours.build(inputs.shape, inputs.shape)
+    ours.set_weights(hub.get_weights())
+    causal = np.tril(np.ones((5, 5), bool))[None].repeat(2, 0)  # (B, T, T)
+    full = to_numpy(hub(inputs, inputs, attention_mask=causal))
+    np.testing.assert_allclose(
+        to_numpy(ours(inputs, inputs, attention_mask=causal)), full, atol=1e-5
+    )
+    cache = np.zeros((2, 2, 5, 2, 4), "float32")
+    for index in range(5):
+        step = inputs[:, index : index + 1]
+        out, cache = ours(
+            step,
+            step,
+            attention_mask=causal[:, index : index + 1],
+            cache=cache,
+            cache_update_index=index,
+        )
+        np.testing.assert_allclose(to_numpy(out)[:, 0], full[:, index], atol=1e-5)
+
+
+def _seed_generators(layer):
+    found = {}
+    for sublayer in layer._flatten_layers(include_self=True):
+        for generator in sublayer._seed_generators:
+            found[id(generator)] = generator
+    return list(found.values())
+
+
+def _relative_paths(layer):
+    # Seed generators are numbered per session ("seed_generator_3"): the name
+    # without the number is Keras's.
+    return [
+        re.sub(r"seed_generator(_\d+)?/", "seed_generator/", w.path.split("/", 1)[1])
+        for w in layer.variables
+    ]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"dropout": 0.3},
+        {"dropout": 0.3, "use_bias": False, "use_gate": True, "value_dim": 5},
+        {"use_gate": True, "output_shape": (2, 3)},
+        {"dropout": 0.1, "attention_axes": (1, 2)},
+    ],
+    ids=["default", "dropout", "dropout_gate_no_bias", "gate_output_shape", "axes"],
+)
+def test_variables_and_seed_generators_are_keras_s(config):
+    query = IMAGES if "attention_axes" in config else QUERY
+    value = IMAGES if "attention_axes" in config else VALUE
+    layer = MultiHeadAttention(num_heads=2, key_dim=3, seed=7, **config)
+    layer(query, value, training=True)
+    twin = keras.layers.MultiHeadAttention.from_config(layer.get_config())
+    twin(query, value, training=True)
+    assert len(layer.variables) == len(twin.variables)
+    assert _relative_paths(layer) == _relative_paths(twin)
+    assert len(_seed_generators(layer)) == len(_seed_generators(twin))
+    assert len(_seed_generators(layer)) == (1 if config.get("dropout") else 0)
+    if config.get("dropout"):
+        assert _seed_generators(layer)[0] is layer._dropout_layer.seed_generator
+
+
+def test_dropout_draws_from_keras_dropout_layer():
+    # The explicit path draws as Keras's layer does (the same seed, the same
+    # generator): equal outputs in training.
+    layer = MultiHeadAttention(num_heads=2, key_dim=3, dropout=0.5, seed=3)
+    twin = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3, dropout=0.5, seed=3)
+    layer(QUERY, VALUE)
+    twin(QUERY, VALUE)
+    twin.set_weights(layer.get_weights())
+    got = to_numpy(layer(QUERY, VALUE, training=True, return_attention_scores=True)[0])
+    want = to_numpy(twin(QUERY, VALUE, training=True, return_attention_scores=True)[0])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert not np.allclose(got, to_numpy(layer(QUERY, VALUE)), atol=1e-3)
+    # The memory-efficient path draws from the same generator.
+    layer.flash_attention = True  # the blocks here (refused at construction)
+    generator = layer._dropout_layer.seed_generator
+    before = to_numpy(generator.state)
+    first = to_numpy(layer(QUERY, VALUE, training=True))
+    assert not np.array_equal(to_numpy(generator.state), before)
+    second = to_numpy(layer(QUERY, VALUE, training=True))
+    assert not np.allclose(first, second, atol=1e-3)  # a new draw each call
+    assert _seed_generators(layer) == [generator]

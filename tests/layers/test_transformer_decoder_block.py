@@ -107,8 +107,10 @@ class TinyTranslator:
             "dropout": 0.0,
             "normalize_first": normalize_first,
         }
-        self.source_embedding = TokenAndPositionEmbedding(12, 16, 8)
-        self.target_embedding = TokenAndPositionEmbedding(12, 16, 8, position="learned")
+        self.source_embedding = TokenAndPositionEmbedding(
+            12, 16, 8, mask_zero=True, position="sinusoidal"
+        )
+        self.target_embedding = TokenAndPositionEmbedding(12, 16, 8, mask_zero=True)
         self.encoder = TransformerEncoderBlock(**blocks)
         self.decoders = [TransformerDecoderBlock(**blocks) for _ in range(2)]
         self.head = keras.layers.Dense(12)
@@ -677,9 +679,9 @@ class TransformerDecoderBlockTest(TestCase):
         target_ids = keras.Input((None,), dtype="int32", name="target_ids")
         source_ids = keras.Input((None,), dtype="int32", name="source_ids")
         encoded = TransformerEncoderBlock(**INIT)(
-            TokenAndPositionEmbedding(12, 16, 8)(source_ids)
+            TokenAndPositionEmbedding(12, 16, 8, mask_zero=True)(source_ids)
         )
-        x = TokenAndPositionEmbedding(12, 16, 8)(target_ids)
+        x = TokenAndPositionEmbedding(12, 16, 8, mask_zero=True)(target_ids)
         x = TransformerDecoderBlock(**INIT)(x, encoded)
         x = TransformerDecoderBlock(**INIT, normalize_first=True)(x, encoded)
         model = keras.Model({"target_ids": target_ids, "source_ids": source_ids}, x)

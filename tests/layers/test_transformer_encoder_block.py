@@ -125,8 +125,10 @@ class TransformerEncoderBlockTest(TestCase):
         ours.quantize("int8")
         theirs.quantize("int8")
         block = ours.get_layer("first")
-        self.assertEqual(block.self_attention.query_dense.quantization_mode, "int8")
-        self.assertEqual(block.feedforward_output_dense.quantization_mode, "int8")
+        self.assertEqual(
+            block._self_attention_layer.query_dense.quantization_mode, "int8"
+        )
+        self.assertEqual(block._feedforward_output_dense.quantization_mode, "int8")
         got = to_numpy(ours(INPUTS))
         np.testing.assert_allclose(got, to_numpy(theirs(INPUTS)), atol=1e-5)
         with tempfile.TemporaryDirectory() as tmp:
@@ -220,10 +222,10 @@ class TransformerEncoderBlockTest(TestCase):
         self.assertAllClose(block(INPUTS, training=False), inference, atol=0)
         training = to_numpy(block(INPUTS, training=True))
         self.assertFalse(np.allclose(training, to_numpy(inference), atol=1e-3))
-        self.assertEqual(block.self_attention.dropout, 0.5)
+        self.assertEqual(block._self_attention_layer.dropout, 0.5)
         no_attention_dropout = TransformerEncoderBlock(**INIT, attention_dropout=0.0)
         no_attention_dropout(INPUTS)
-        self.assertEqual(no_attention_dropout.self_attention.dropout, 0.0)
+        self.assertEqual(no_attention_dropout._self_attention_layer.dropout, 0.0)
 
     def test_serialization_and_precision(self):
         init = {

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -75,3 +77,69 @@ def test_sliding_window_mask_is_a_band_around_each_query(offset):
     expected = np.abs(query_positions - np.arange(6)[None, :]) < 2
     np.testing.assert_array_equal(mask, expected)
     assert mask.sum(-1).tolist() == ([2, 3, 3] if offset == 0 else [3, 3, 3])
+
+
+def _as_scores(mask):
+    """A mask in Keras's broadcasting, as (B, N, Tq, Tk) = (2, 2, 3, 4)."""
+    mask = np.asarray(mask)
+    if mask.ndim == 2:
+        mask = mask[None, None]
+    elif mask.ndim == 3:
+        mask = mask[:, None]
+    return np.broadcast_to(mask, (2, 2, 3, 4))
+
+
+@pytest.mark.parametrize(
+    ("shape", "parts"),
+    [
+        ((2, 1, 4), (((2, 4)), None, None)),
+        ((1, 1, 4), (((1, 4)), None, None)),
+        ((2, 1, 1, 4), (((2, 4)), None, None)),
+        ((2, 3, 1), (None, (2, 3), None)),
+        ((2, 1, 3, 1), (None, (2, 3), None)),
+        ((3, 4), (None, None, (1, 1, 3, 4))),
+        ((1, 3, 4), (None, None, (1, 1, 3, 4))),
+        ((2, 3, 4), (None, None, (2, 1, 3, 4))),
+        ((2, 2, 3, 4), (None, None, (2, 2, 3, 4))),
+        ((2, 2, 1, 4), (None, None, (2, 2, 1, 4))),
+    ],
+)
+def test_split_attention_mask_keeps_what_each_form_is(shape, parts):
+    from keras_attn.ops.masks import split_attention_mask
+
+    mask = np.random.default_rng(1).uniform(size=shape) > 0.4
+    keys, queries, rest = split_attention_mask(mask)
+    got = tuple(
+        None if part is None else tuple(part.shape) for part in (keys, queries, rest)
+    )
+    assert got == parts
+    # The parts AND back to the mask, broadcast as Keras does.
+    combined = np.ones((2, 2, 3, 4), bool)
+    if keys is not None:
+        combined &= to_numpy(keys)[:, None, None, :]
+    if queries is not None:
+        combined &= to_numpy(queries)[:, None, :, None]
+    if rest is not None:
+        combined &= to_numpy(rest)
+    np.testing.assert_array_equal(combined, _as_scores(mask))
+
+
+def test_split_attention_mask_refuses_other_ranks():
+    from keras_attn.ops.masks import split_attention_mask
+
+    assert split_attention_mask(None) == (None, None, None)
+    for shape in ((4,), (1, 2, 2, 3, 4)):
+        with pytest.raises(
+            ValueError, match=re.escape(f"Received: attention_mask.shape={shape}")
+        ):
+            split_attention_mask(np.ones(shape, bool))
+
+
+def test_rows_with_keys_of_a_shared_mask_and_key_padding():
+    from keras_attn.ops.masks import rows_with_keys
+
+    shared = np.array([[[True, False, False, False], [False, True, True, False]]])
+    keys = np.array([[False, True, True, True], [True, False, False, True]])
+    rows = to_numpy(rows_with_keys(2, 4, attention_mask=shared, key_padding_mask=keys))
+    np.testing.assert_array_equal(rows, (shared & keys[:, None, :]).any(-1))
+    np.testing.assert_array_equal(rows, [[False, True], [True, False]])

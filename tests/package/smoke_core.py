@@ -36,7 +36,7 @@ def build_model() -> tuple[keras.Model, set[str]]:
     target = keras.Input((target_length,), dtype="int32", name="target")
 
     encoded = layers.TokenAndPositionEmbedding(
-        vocabulary, source_length, dim, position="learned"
+        vocabulary, source_length, dim, mask_zero=True
     )(source)  # (B, S, d), masks the padding id 0
     encoded = layers.TransformerEncoderBlock(32, 2, name="encoder_block")(encoded)
     encoded = layers.MultiHeadSelfAttention(2, name="self_attention")(encoded)

@@ -1,0 +1,125 @@
+"""2,000 texts through every task method in flat memory.
+
+Each method runs in a fresh process on small models built there: first on
+200 texts (which compiles what it needs and reaches every length bucket the
+texts have), then on 2,000 texts drawn from the same sentences. The process's
+peak resident memory (`ru_maxrss`) after each is compared: in batches, the
+2,000 texts need only their answers more (kilobytes), so the peak hardly
+moves; one pass over the whole list (what `classify` did before it batched)
+grows with the number of texts: the control below shows that growth is well
+above the bound, so the bound tells flat from linear.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.test_case import REPO_ROOT
+
+pytestmark = pytest.mark.tf_only  # the tokenizers run TensorFlow Text
+
+SMALL, LARGE = 200, 2000
+# Flat: the peak moves by the answers and the allocator's noise (measured
+# here: a few MiB to a few tens of MiB). Linear: one pass over 1,800 more
+# texts of up to 128 tokens holds, per encoder block, attention weights of
+# 1,800 x 4 heads x 128 x 128 float32 (450 MiB) and more (the control
+# measures over 1 GiB). 300 MiB sits far from both.
+BOUND_MIB = 300
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, resource, sys
+
+    import numpy as np
+    from keras_attn.models import (
+        TextClassifier, TransformerLanguageModel, TransformerTranslator,
+    )
+    from keras_attn.text import SubwordTokenizer
+
+    method, vocabulary, texts_file, control = sys.argv[1:5]
+    texts = json.load(open(texts_file))
+    tokenizer = SubwordTokenizer(vocabulary)
+    size = tokenizer.vocabulary_size
+    blocks = dict(num_heads=4, intermediate_dim=128, dropout=0.0)
+    if method == "classify":
+        model = TextClassifier(size, 128, embedding_dim=64, num_layers=1,
+                               tokenizer=tokenizer, **blocks)
+        run = lambda texts, **kw: model.classify(texts, **kw)["label"]
+    elif method == "translate":
+        model = TransformerTranslator(
+            size, size, sequence_length=129, embedding_dim=64,
+            num_encoder_layers=1, num_decoder_layers=1, shared_vocabulary=True,
+            source_tokenizer=tokenizer, target_tokenizer=tokenizer, **blocks)
+        run = lambda texts, **kw: model.translate(
+            texts, beam_width=1, max_length=4, **kw)
+    else:
+        model = TransformerLanguageModel(size, 128, embedding_dim=64,
+                                         num_layers=1, tokenizer=tokenizer, **blocks)
+        if method == "generate":
+            run = lambda texts, **kw: model.generate(texts, max_new_tokens=2, **kw)
+        else:
+            run = lambda texts, **kw: model.score(texts, **kw)["num_tokens"]
+
+    def peak_mib():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB
+
+    def batching(count):  # the control: the whole list in one batch
+        return dict(batch_size=count) if control == "1" else {}
+
+    small = texts[:SMALL]
+    assert len(run(small, verbose=0, **batching(len(small)))) == len(small)
+    before = peak_mib()
+    assert len(run(texts, verbose=0, **batching(len(texts)))) == len(texts)
+    print(json.dumps({"before": before, "after": peak_mib()}))
+    """
+).replace("SMALL", str(SMALL))
+
+
+@pytest.fixture(scope="module")
+def inputs(english_sentences, small_tokenizer, tmp_path_factory):
+    """The tokenizer's file and 2,000 texts of 3 sentences each (up to ~128
+    tokens), every sentence among the first 200 texts."""
+    directory = tmp_path_factory.mktemp("scale")
+    vocabulary = small_tokenizer.save_proto(directory / "vocabulary.model")
+    pool = sorted(set(english_sentences))
+    texts = [
+        " ".join(pool[(index + step * 7) % len(pool)] for step in range(3))
+        for index in range(LARGE)
+    ]
+    assert len(pool) <= SMALL
+    path = directory / "texts.json"
+    path.write_text(json.dumps(texts))
+    return vocabulary, path
+
+
+def peak_growth(method, inputs, tmp_path, control=False):
+    """MiB the peak resident memory grew from 200 to 2,000 texts."""
+    vocabulary, texts = inputs
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, method, str(vocabulary), str(texts),
+         "1" if control else "0"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO_ROOT},
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    print(method, "control" if control else "batched", found)  # shown with -s
+    return found["after"] - found["before"]
+
+
+@pytest.mark.parametrize("method", ["classify", "translate", "generate", "score"])
+def test_memory_stays_flat_from_200_to_2000_texts(method, inputs, tmp_path):
+    assert peak_growth(method, inputs, tmp_path) < BOUND_MIB
+
+
+def test_the_bound_tells_one_pass_over_every_text_from_batches(inputs, tmp_path):
+    """The control: `classify` of the whole list in one batch, padded to its
+    longest text, grows far beyond the bound."""
+    assert peak_growth("classify", inputs, tmp_path, control=True) > 2 * BOUND_MIB
