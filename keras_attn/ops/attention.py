@@ -490,6 +490,22 @@ def dot_product_attention(
         return ops.cond(long, memory_efficient, lambda: explicit()[0])
     if path == FUSED:
         combined = None if causal_kernel else _combined(query, key, mask, components)
+        if combined is not None:
+            # cuDNN takes a mask (its bias) only with both sequence axes
+            # whole: a key padding mask `(B, 1, 1, Tk)` is refused ("Bias must
+            # have same seq length as QKV"), and Keras then falls back to
+            # XLA's attention with a logged traceback. The batch and heads
+            # axes stay as they are.
+            combined_shape = ops.shape(combined)
+            combined = ops.broadcast_to(
+                combined,
+                (
+                    combined_shape[0],
+                    combined_shape[1],
+                    ops.shape(query)[1],
+                    ops.shape(key)[1],
+                ),
+            )  # (B|1, N|1, Tq, Tk)
         outputs = ops.dot_product_attention(
             query, key, value, mask=combined, scale=scale, is_causal=causal_kernel
         )  # (B, Tq, N, Hv)

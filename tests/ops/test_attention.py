@@ -308,6 +308,29 @@ def test_mask_components_equal_the_combined_mask_on_every_path(case, forced_path
     np.testing.assert_array_equal(got[empty_rows], 0.0)
 
 
+@pytest.mark.jax_only
+@pytest.mark.parametrize("case", ["key_padding", "query_padding", "everything"])
+def test_the_fused_call_gets_both_sequence_axes_whole(case, monkeypatch):
+    """cuDNN refuses a mask (its bias) whose query or key axis is broadcast
+    ("Bias must have same seq length as QKV"): the fused call hands Keras's
+    `dot_product_attention` a `(B|1, N|1, Tq, Tk)` mask, which is what
+    `fused_kernel_runs` probes with."""
+    monkeypatch.setattr(attention_module, "fused_kernel_runs", lambda *a, **k: True)
+    masks = []
+    original = keras.ops.dot_product_attention
+
+    def recording(*args, mask=None, **kwargs):
+        masks.append(None if mask is None else tuple(mask.shape))
+        return original(*args, mask=mask, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
+    arguments = component_arguments(COMPONENT_CASES[case])
+    got = to_numpy(dot_product_attention(Q, K, V, flash_attention=None, **arguments))
+    assert len(masks) == 1 and masks[0][2:] == (Q.shape[1], K.shape[1]), masks
+    expected, _ = numpy_attention(Q, K, V, numpy_combined_mask(COMPONENT_CASES[case]))
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["causal_offset", "everything"])
 def test_rows_with_keys_from_components(case):
     arguments = component_arguments(COMPONENT_CASES[case])
