@@ -80,7 +80,7 @@ def export_translator(
     base_dir,
     model_name: str = "translator",
     version: int | None = None,
-    max_length: int = 40,
+    max_length: int | None = None,
     beam_width: int = 4,
     length_penalty: float = 1.0,
     nearest_neighbors=None,
@@ -105,13 +105,17 @@ def export_translator(
       positions hold `""` and zero rows.
 
     Sources are cleaned (invalid UTF-8 replaced) and truncated to
-    `max_length` tokens; translations stop at `max_length` tokens.
+    `max_length` tokens; translations stop at `max_length` tokens. `None`
+    (default) is `translate()`'s default: 40, at most what the model's
+    positions allow (`translator.max_length_limit()`); a larger value raises
+    a `ValueError` naming `max_length`.
 
     With `nearest_neighbors` (a `keras_attn.memory.NearestNeighborDecoding`,
     Transformer only) both signatures decode with kNN-MT: the datastore's
     keys and values are saved as variables of the export (about `4 * d`
     bytes per entry) and its settings are recorded in the metadata.
     """
+    max_length = translator._translation_length(max_length)
     path = next_version_dir(base_dir, model_name, version)
     translate, translate_with_alignment, tracked = translator_serving_fns(
         translator,

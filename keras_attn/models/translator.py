@@ -315,7 +315,7 @@ class Translator(keras.Model):
         base_dir,
         model_name: str = "translator",
         version: int | None = None,
-        max_length: int = 40,
+        max_length: int | None = None,
         beam_width: int = 4,
         length_penalty: float = 1.0,
         nearest_neighbors=None,

@@ -209,3 +209,19 @@ def test_a_translator_without_tokenizers_is_refused(tmp_path):
     model = TransformerTranslator(20, 20, num_encoder_layers=1, num_decoder_layers=1)
     with pytest.raises(ValueError, match="needs the model's `source_tokenizer`"):
         model.export(tmp_path)
+
+
+def test_the_default_length_fits_the_positions_and_a_longer_one_is_refused(
+    small_tokenizer, tmp_path
+):
+    """`max_length=None` is `translate()`'s default, capped to what the
+    model's positions allow (here 10 target tokens, below the default 40)."""
+    translator = small_transformer(small_tokenizer)
+    path = translator.export(tmp_path, beam_width=2)
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["max_length"] == MAX_LENGTH == translator.max_length_limit()
+    served = tf.saved_model.load(str(path)).signatures["serving_default"]
+    translations = served(text=tf.constant(["Good morning.", ""]))["translation"]
+    assert translations.shape == (2,)
+    with pytest.raises(ValueError, match="`max_length` must be at most 10"):
+        translator.export(tmp_path, max_length=MAX_LENGTH + 1)
