@@ -19,7 +19,8 @@ from keras_attn.text.wordpiece import WordPieceTokenizer
 
 def sentiment_serving_fn(classifier, max_length: int, threshold: float = 0.5):
     """The `serving_default` function: strings -> probability and label
-    (`classifier.classify_strings`, the code of its `classify`), and the
+    (`classifier.classify_strings`: the probabilities `classify` gives, up
+    to float rounding, with every text padded to `max_length`), and the
     dense tokenizer it needs tracked."""
     tokenizer = classifier.dense_tokenizer(max_length)
 

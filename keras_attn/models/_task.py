@@ -82,15 +82,7 @@ VERBOSE_CHOICES = ("auto", 0, 1, 2)
 
 
 def check_batch_size(batch_size) -> int:
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int)
-        or batch_size < 1
-    ):
-        raise ValueError(
-            f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}"
-        )
-    return batch_size
+    return check_length("batch_size", batch_size)
 
 
 def check_verbose(verbose):

@@ -105,8 +105,9 @@ class _ClassifierTask:
         threshold: float = 0.5,
         tokenizer=None,
     ) -> dict:
-        """`classify` of strings (a `tf.string` tensor `[B]` or a list), as
-        tensors: `positive_probability` float32 `[B]`, `label` string `[B]`.
+        """The probabilities and labels of strings (a `tf.string` tensor `[B]`
+        or a list) in one pass, padded to `max_length`, as tensors:
+        `positive_probability` float32 `[B]`, `label` string `[B]`.
         TensorFlow, eagerly or in a `tf.function` (the export's
         `serving_default` is this). `tokenizer`: one giving dense ids of
         `max_length` tokens (default: the model's, so configured)."""

@@ -17,17 +17,21 @@ pytestmark = pytest.mark.tf_only
 CONTEXT = 16
 
 
-@pytest.fixture(scope="module")
-def exported(small_tokenizer, tmp_path_factory):
-    model = TransformerLanguageModel(
-        small_tokenizer.vocabulary_size,
+def small_language_model(tokenizer):
+    return TransformerLanguageModel(
+        tokenizer.vocabulary_size,
         sequence_length=CONTEXT,
         embedding_dim=16,
         num_layers=1,
         num_heads=2,
         intermediate_dim=32,
-        tokenizer=small_tokenizer,
+        tokenizer=tokenizer,
     )
+
+
+@pytest.fixture(scope="module")
+def exported(small_tokenizer, tmp_path_factory):
+    model = small_language_model(small_tokenizer)
     base = tmp_path_factory.mktemp("export")
     path = model.export(base, max_new_tokens=6)
     return model, small_tokenizer, path
@@ -270,15 +274,7 @@ def test_completions_are_valid_utf8(small_tokenizer, tmp_path, monkeypatch):
             return tf.strings.join([super().detokenize(ids), b"\xc3("])
 
     monkeypatch.setattr(module, "SubwordTokenizer", BadBytes)
-    model = TransformerLanguageModel(
-        small_tokenizer.vocabulary_size,
-        sequence_length=CONTEXT,
-        embedding_dim=16,
-        num_layers=1,
-        num_heads=2,
-        intermediate_dim=32,
-        tokenizer=small_tokenizer,
-    )
+    model = small_language_model(small_tokenizer)
     path = model.export(tmp_path, max_new_tokens=3)
     served = tf.saved_model.load(str(path)).signatures["serving_default"]
     prompts = ["KING:", "", "\xff\xfe"]
