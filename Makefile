@@ -103,8 +103,11 @@ gpu-check-bundle: $(STAMP)
 # (the ends of the declared range).
 CHECK_DIR := build/check-package
 KERAS_VERSION ?=
+# build/lib goes too: setuptools copies the package there and puts all of
+# build/lib in the wheel, so a module deleted from keras_attn/ (the server
+# stand-in that moved to serving_standin/) would still be installed.
 check-package: $(STAMP)
-	rm -rf $(CHECK_DIR)
+	rm -rf $(CHECK_DIR) build/lib
 	mkdir -p $(CHECK_DIR)/run
 	$(PY) -m build --sdist --wheel --outdir $(CHECK_DIR)/dist .
 	$(PY) tests/package/check_dist.py $(CHECK_DIR)/dist

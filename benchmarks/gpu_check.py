@@ -583,12 +583,6 @@ def check_speed(sizes, rounds: int) -> list[dict]:
 
 # -- (c) training -------------------------------------------------------------------
 
-TRANSLATOR_SIZES = {
-    # embedding_dim, layers per side, heads, intermediate_dim (translate.py's)
-    "base": (256, 3, 8, 1024),
-    "tiny": (32, 1, 2, 64),
-}
-
 
 class LossWatch(keras.callbacks.Callback):
     """Records the training loss at every callback (every `steps_per_execution`
@@ -617,11 +611,12 @@ def check_training(data_dir: Path, sizes, seconds: float) -> dict:
     import sacrebleu
     import sentencepiece
 
-    from keras_attn.models import TransformerTranslator
+    from keras_attn.models import TransformerTranslator, configs
     from keras_attn.training import (
         BudgetCosineDecay,
         SmoothedSparseCrossentropy,
         TimeBudget,
+        make_optimizer,
     )
 
     data = np.load(data_dir / "pairs.npz")
@@ -630,37 +625,38 @@ def check_training(data_dir: Path, sizes, seconds: float) -> dict:
     )
     vocabulary_size = processor.get_piece_size()
     max_length = data["train_encoder_inputs"].shape[1]
-    dim, layers, heads, intermediate = TRANSLATOR_SIZES[sizes["translator"]]
+    # translate.py's from-scratch configuration at this size.
+    config = configs.config("translator", sizes["translator"])
+    recipe = config["training"]
     keras.config.set_dtype_policy("mixed_float16")
     try:
         keras.utils.set_random_seed(0)
         model = TransformerTranslator(
             vocabulary_size,
             vocabulary_size,
-            sequence_length=max_length + 1,
-            embedding_dim=dim,
-            num_encoder_layers=layers,
-            num_decoder_layers=layers,
-            num_heads=heads,
-            intermediate_dim=intermediate,
-            dropout=0.2,
-            shared_vocabulary=True,
-            tie_embeddings=True,
-            normalize_first=True,
+            **{**config["model"], "sequence_length": max_length + 1},
         )
         batch_size = sizes["train_batch"]
         steps_per_epoch = len(data["train_encoder_inputs"]) // batch_size
         steps_per_execution = sizes["steps_per_execution"]
-        # translate.py's from-scratch recipe: AdamW, peak 1e-3 after 400
-        # warm-up steps, held for 80% of the time budget, cosine decay to the
-        # end of it; label smoothing 0.1.
+        # The configuration's recipe (AdamW, warm-up, a hold at the peak,
+        # then a cosine decay to BudgetCosineDecay's default floor) over the
+        # time budget; label smoothing.
         budget = TimeBudget(seconds / 60.0)
         schedule = BudgetCosineDecay(
-            1e-3, warmup_steps=400, total_steps=10**9, budget=budget, hold=0.8
+            recipe["learning_rate"],
+            warmup_steps=recipe["warmup_steps"],
+            total_steps=10**9,
+            budget=budget,
+            hold=recipe["lr_hold"],
         )
         model.compile(
-            optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.1, clipnorm=1.0),
-            loss=SmoothedSparseCrossentropy(0.1),
+            optimizer=make_optimizer(
+                recipe["learning_rate"],
+                weight_decay=recipe["weight_decay"],
+                clipnorm=recipe["clipnorm"],
+            ),
+            loss=SmoothedSparseCrossentropy(recipe["label_smoothing"]),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             steps_per_execution=steps_per_execution,
         )
@@ -716,10 +712,11 @@ def check_training(data_dir: Path, sizes, seconds: float) -> dict:
             if loss_scale is not None
             else None,
             "translator": {
-                "embedding_dim": dim,
-                "layers_per_side": layers,
-                "heads": heads,
-                "intermediate_dim": intermediate,
+                "config": sizes["translator"],
+                "embedding_dim": config["model"]["embedding_dim"],
+                "layers_per_side": config["model"]["num_encoder_layers"],
+                "heads": config["model"]["num_heads"],
+                "intermediate_dim": config["model"]["intermediate_dim"],
                 "parameters": model.count_params(),
             },
             "train_pairs": len(targets),

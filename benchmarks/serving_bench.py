@@ -2,9 +2,10 @@
 
 One export per task (sentiment, translator, language model) is loaded with
 the TF1 loader and the `serve` tag, in one session, as `tensorflow_model_server`
-loads it (`keras_attn.export.serving.StandInServer`; requests go in as
-`PredictRequest`s, answers come out as `PredictResponse`s, without the
-server's network layer or batching queue). Then:
+loads it (`serving_standin.StandInServer`, the tests' stand-in for the
+server, at the repository root; requests go in as `PredictRequest`s, answers
+come out as `PredictResponse`s, without the server's network layer or
+batching queue). Then:
 
 1. Sequential latency: `serving_default` on batches of 1 and 16 texts, one
    call at a time after 3 warm-up calls: p50 and p99 latency, texts per
@@ -48,6 +49,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # serving_standin: test tooling, not installed
 FIXTURES = REPO / "tests" / "fixtures"
 TASKS = ("sentiment", "translator", "language_model")
 INPUT_NAMES = {"sentiment": "text", "translator": "text", "language_model": "prompt"}
@@ -139,8 +141,8 @@ def batches(texts: list, size: int, count: int) -> list:
 
 
 def ask(server, task: str, batch: list):
-    from keras_attn.export.predict_protocol import response_arrays
-    from keras_attn.export.serving import predict_request
+    from keras_attn.export._predict import response_arrays
+    from serving_standin import predict_request
 
     request = predict_request(
         server.model_name, "serving_default", {INPUT_NAMES[task]: batch}
@@ -261,7 +263,7 @@ def main():
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     tasks = args.tasks.split(",")
 
-    from keras_attn.export.serving import StandInServer
+    from serving_standin import StandInServer
 
     texts = fixture_texts()
     failures = []

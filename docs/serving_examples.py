@@ -1,11 +1,11 @@
 """Write the REST and gRPC examples of docs/SERVING.md from real answers.
 
-Sends each example request through `keras_attn.export.serving.StandInServer`
-(the export loaded as TF Serving loads it, with the server's REST and
-Predict conversions), runs the page's own gRPC client code on the answer,
-and writes the requests and answers into the page's marked regions
-(`<!-- serving-examples:NAME -->` ... `<!-- /serving-examples:NAME -->`) with
-`--write`, or prints them.
+Sends each example request through `serving_standin.StandInServer` (the
+tests' stand-in for the server, at the repository root: the export loaded as
+TF Serving loads it, with the server's REST and Predict conversions), runs
+the page's own gRPC client code on the answer, and writes the requests and
+answers into the page's marked regions (`<!-- serving-examples:NAME -->` ...
+`<!-- /serving-examples:NAME -->`) with `--write`, or prints them.
 
     python docs/serving_examples.py [--sentiment EXPORT] [--translator EXPORT] \
         [--language-model EXPORT] [--write]
@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parent / "SERVING.md"
+# serving_standin: test tooling at the repository root, not installed.
+sys.path.insert(0, str(PAGE.parents[1]))
 KEEP = 4  # items shown of a longer array
 MORE = "…"
 BAD_BYTES = b"bad bytes \xff\xfe here"
@@ -74,13 +76,13 @@ def abbreviate(value):
 
 def parse_answer(text: str):
     """A JSON answer, keeping each number's digits as the server wrote them."""
-    from keras_attn.export.predict_protocol import JsonNumber
+    from keras_attn.export._predict import JsonNumber
 
     return json.loads(text, parse_float=lambda s: JsonNumber(float(s), s))
 
 
 def curl_block(model: str, body: dict, answer: str) -> str:
-    from keras_attn.export.predict_protocol import dumps
+    from keras_attn.export._predict import dumps
 
     shown = dumps(abbreviate(parse_answer(answer)))
     return (
@@ -101,7 +103,7 @@ def regions(exports: dict) -> dict:
     """The page's regions for the exports given (`{model name: path}`; any
     of sentiment, translator, language_model)."""
     from keras_attn.export.batching import task_batching
-    from keras_attn.export.serving import StandInServer
+    from serving_standin import StandInServer
 
     new = {
         "batching-translation": "```text\n"

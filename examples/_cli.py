@@ -5,6 +5,7 @@ strategy, `metrics.json` and the summary table."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -13,6 +14,7 @@ import platform
 import shutil
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import keras
 
@@ -35,6 +37,7 @@ RUN_FILES = (
     "logs",
     "members",
     "plots",
+    "preset",
     "vocab",
     "budget.json",
     "done.json",
@@ -217,6 +220,15 @@ def pretrained_mode(parser, argv=None) -> str:
     return "pretrained"
 
 
+def smoke_splits(splits, sizes, strides=(1, 1, 1)):
+    """`--smoke`'s splits: the first `sizes` (train, validation, test)
+    examples of each split, taking every `strides`-th."""
+    parts = zip(("train", "validation", "test"), sizes, strides, strict=True)
+    return dataclasses.replace(
+        splits, **{name: splits[name][::step][:size] for name, size, step in parts}
+    )
+
+
 def load_pretrained(name):
     """The checkpoint `--pretrained` names: `"minilm"`, `"none"` (None: train
     from scratch) or a BERT checkpoint directory."""
@@ -227,6 +239,18 @@ def load_pretrained(name):
     if name == "minilm":
         return checkpoints.load_minilm()
     return checkpoints.load_bert_checkpoint(name)
+
+
+def pretrained_tokenizer(checkpoint, max_length: int):
+    """The checkpoint's WordPiece tokenizer for `--max-length`, which must
+    fit the encoder's positions."""
+    if max_length > checkpoint.max_positions:
+        raise SystemExit(
+            "--max-length must be at most the pretrained encoder's "
+            f"{checkpoint.max_positions} positions. Received: --max-length "
+            f"{max_length}"
+        )
+    return checkpoint.tokenizer(max_length=max_length)
 
 
 def resolve_verbosity(mode: str | int = "auto", stream=None) -> int:
@@ -310,7 +334,16 @@ def inherit_run_options(args, names) -> None:
             setattr(args, name, config[name])
 
 
-def start_run(args):
+class Run(NamedTuple):
+    """What `start_run` set up: the output directory, the dtype policy and
+    the distribution strategy."""
+
+    out: Path
+    policy: str
+    strategy: object
+
+
+def start_run(args) -> Run:
     """Output directory, logging, seed, dtype policy and strategy of a run.
 
     A finished run in `--out` (it holds `metrics.json`) is refused unless
@@ -322,7 +355,7 @@ def start_run(args):
     (`args.out` is changed accordingly and `args.export_dir` cleared), so
     the workers may share one `--out` on a shared file system.
 
-    Returns `(out_dir, policy, strategy)`.
+    Returns a `Run`: `(out, policy, strategy)`.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     keras.utils.set_random_seed(args.seed)
@@ -349,7 +382,7 @@ def start_run(args):
             else:
                 path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    return out, policy, strategy
+    return Run(out, policy, strategy)
 
 
 def fit_options(args, steps_per_epoch: int, decay_alpha=None, **overrides) -> dict:
@@ -390,21 +423,53 @@ def fit_metrics(fit, steps_per_epoch: int) -> dict:
     }
 
 
+def train(args, model, train_data, validation_data, out: Path, **schedule) -> dict:
+    """`training.fit_within_budget` in `out` with the options of `args`
+    (`fit_options`; `schedule`: its `decay_alpha` and overrides), then
+    the model saved (`save_model`); returns `fit_metrics`."""
+    steps = int(train_data.cardinality())
+    fit = training.fit_within_budget(
+        model, train_data, validation_data, out, **fit_options(args, steps, **schedule)
+    )
+    save_model(model, out)
+    return fit_metrics(fit, steps)
+
+
+def save_model(model, out: Path) -> None:
+    """`out/model.keras`, and for a task on a backbone `out/preset/`
+    (keras-hub's preset layout: `TextClassifier.from_preset(out / "preset")`)."""
+    model.save(out / "model.keras")
+    if getattr(model, "save_to_preset", None) is not None:
+        model.save_to_preset(out / "preset")
+
+
 def make_optimizer(args, clipnorm: float | None = None):
-    """AdamW at `args.learning_rate` with decoupled `args.weight_decay`,
-    keeping an exponential moving average of the weights when
-    `args.ema_momentum` > 0 (`--ema-momentum`; `fit_within_budget(ema=True)`
-    then validates, checkpoints and ends training with the average)."""
-    momentum = args.ema_momentum
-    ema = {"use_ema": True, "ema_momentum": momentum} if momentum else {}
-    return keras.optimizers.AdamW(
-        args.learning_rate, weight_decay=args.weight_decay, clipnorm=clipnorm, **ema
+    """`training.make_optimizer` of `--learning-rate`, `--weight-decay` and
+    `--ema-momentum`."""
+    return training.make_optimizer(
+        args.learning_rate,
+        weight_decay=args.weight_decay,
+        ema_momentum=args.ema_momentum,
+        clipnorm=clipnorm,
     )
 
 
 def export_base(args, out: Path) -> Path:
     """Where the TF Serving export goes: `--export-dir` or `OUT/export`."""
     return Path(args.export_dir) if args.export_dir else out / "export"
+
+
+def write_translations(path, results) -> None:
+    """`source<TAB>reference<TAB>hypothesis` lines of an
+    `evaluate_translations` result."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in zip(
+            results["sources"],
+            results["references"],
+            results["hypotheses"],
+            strict=True,
+        ):
+            handle.write("\t".join(row) + "\n")
 
 
 def describe_environment(policy: str, strategy) -> dict:
@@ -453,6 +518,24 @@ def write_metrics(
         payload.update(extra)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
     return path
+
+
+def finish(run: Run, args, metrics, splits, rows, *, title, export, plots) -> None:
+    """Write `metrics.json` (with the environment and the split sizes) and
+    print the summary `title`: `rows`, then the training minutes, the dtype
+    policy, the model's path, the `export` directory and the `plots`."""
+    environment = describe_environment(run.policy, run.strategy)
+    config, counts = vars(args), {"splits": splits.counts()}
+    write_metrics(run.out, metrics, config, environment, counts)
+    rows = [
+        *rows,
+        ("training minutes", training_minutes(metrics)),
+        ("dtype policy", run.policy),
+        ("model", str(run.out / "model.keras")),
+        ("export", str(export or "-")),
+        ("plots", ", ".join(plots) or "-"),
+    ]
+    print(summary_table(rows, title=title))
 
 
 def training_minutes(metrics: dict):

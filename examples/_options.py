@@ -1,5 +1,6 @@
 """The example scripts' own options (their shared ones are in `_cli.py`):
-`translate_args`, `sentiment_args`, `language_model_args`."""
+`translate_args`, `sentiment_args`, `language_model_args`. Their defaults
+are the named configurations of `keras_attn.models.configs`."""
 
 from __future__ import annotations
 
@@ -15,17 +16,35 @@ from _cli import (
     pretrained_mode,
 )
 
-TRANSLATOR_SIZES = {
-    "small": (128, 2, 4, 512),
-    "base": (256, 3, 8, 1024),
-}  # d, layers, heads, ff
+from keras_attn.models import configs
+
+# --size: the translator configurations trained from scratch ("tiny" is for
+# benchmarks and checks).
+TRANSLATOR_SIZES = ("small", "base")
+# The configurations of --pretrained minilm (or a directory) and of none.
+TRANSLATE_CONFIGS = {
+    "pretrained": configs.config("translator", "minilm"),
+    "scratch": configs.config("translator", "base"),
+}
 # Defaults that depend on --pretrained, chosen on the validation split.
 TRANSLATE_DEFAULTS = {
-    "pretrained": {"dropout": 0.1, "learning_rate": 3e-4, "lr_hold": 0.5},
-    "scratch": {"dropout": 0.2, "learning_rate": 1e-3, "lr_hold": 0.8},
+    mode: {
+        "dropout": config["model"]["dropout"],
+        "learning_rate": config["training"]["learning_rate"],
+        "lr_hold": config["training"]["lr_hold"],
+    }
+    for mode, config in TRANSLATE_CONFIGS.items()
 }
 # What --evaluate-only takes from the run it scores.
 TRANSLATE_RUN_OPTIONS = ("data", "alternatives", "phrases", "max_length", "smoke")
+
+
+def translator_config(args) -> dict:
+    """The configuration (`keras_attn.models.configs`) of `--model`,
+    `--size` and `--pretrained` (a pretrained encoder: "minilm"'s)."""
+    if args.model == "rnn":
+        return configs.config("rnn_translator", args.size)
+    return configs.config("translator", args.size or "minilm")
 
 
 def translate_args(argv=None):
@@ -57,6 +76,7 @@ def translate_args(argv=None):
     add_pretrained_argument(
         parser, None, "the Transformer", "minilm for the Transformer, none for the RNN"
     )
+    scratch = TRANSLATE_CONFIGS["scratch"]
     add(
         "--size",
         choices=sorted(TRANSLATOR_SIZES),
@@ -66,11 +86,16 @@ def translate_args(argv=None):
     add(
         "--vocabulary-size",
         type=int,
-        default=8000,
+        default=scratch["data"]["vocabulary_size"],
         help="the shared English+German SentencePiece vocabulary (with "
         "--pretrained: the German one)",
     )
-    add("--max-length", type=int, default=40, help="tokens per side")
+    add(
+        "--max-length",
+        type=int,
+        default=scratch["data"]["max_length"],
+        help="tokens per side",
+    )
     add(
         "--subword-sampling",
         type=float,
@@ -88,15 +113,19 @@ def translate_args(argv=None):
 
     add("--dropout", type=float, default=None, help=both("dropout"))
     add("--learning-rate", type=float, default=None, help=both("learning_rate"))
-    add("--warmup-steps", type=int, default=400)
+    add("--warmup-steps", type=int, default=scratch["training"]["warmup_steps"])
     add(
         "--lr-hold",
         type=float,
         default=None,
         help="share of the run at the peak learning rate; " + both("lr_hold"),
     )
-    add("--weight-decay", type=float, default=0.1)
-    add("--label-smoothing", type=float, default=0.1)
+    add("--weight-decay", type=float, default=scratch["training"]["weight_decay"])
+    add(
+        "--label-smoothing",
+        type=float,
+        default=scratch["training"]["label_smoothing"],
+    )
     add("--beam-width", type=int, default=4)
     add(
         "--length-penalty",
@@ -163,9 +192,7 @@ def translate_args(argv=None):
         action="store_true",
         help="export with the kNN-MT decoding (the datastore in the export)",
     )
-    add_run_arguments(
-        parser, out="runs/translation", epochs=40, time_budget=25.0, batch_size=64
-    )
+    add_run_arguments(parser, out="runs/translation", **run_defaults(scratch))
     known, _ = parser.parse_known_args(argv)
     if known.pretrained is None:
         parser.set_defaults(pretrained="none" if known.model == "rnn" else "minilm")
@@ -230,31 +257,22 @@ def translate_args(argv=None):
     return args
 
 
+def run_defaults(config) -> dict:
+    """`add_run_arguments`' defaults from a configuration's training."""
+    training = config["training"]
+    return {
+        "epochs": training["epochs"],
+        "time_budget": training["minutes"],
+        "batch_size": training["batch_size"],
+    }
+
+
 EXTRA_DOMAINS = ("amazon", "nyt", "tweets")
-# Defaults that depend on --pretrained. Fine-tuning a pretrained encoder:
-# BERT's fine-tuning recipe (Devlin et al., 2019: AdamW 5e-5, warm-up, decay to
-# 0, a few epochs, dropout 0.1), mean pooling chosen on the validation split
-# (attention pooling tied it). From scratch: chosen on the validation split.
-SENTIMENT_DEFAULTS = {
-    "pretrained": {
-        "dropout": 0.1,
-        "pooling": "mean",
-        "learning_rate": 5e-5,
-        "ensemble": 1,
-        "epochs": 3,
-    },
-    "scratch": {
-        "vocabulary_size": 8000,
-        "embedding_dim": 128,
-        "num_layers": 1,
-        "num_heads": 4,
-        "intermediate_dim": 256,
-        "dropout": 0.3,
-        "pooling": "attention",
-        "learning_rate": 1e-3,
-        "ensemble": 5,
-        "epochs": 10,
-    },
+# The configurations of --pretrained minilm (or a directory) and of none:
+# BERT's fine-tuning recipe, and an ensemble of small classifiers.
+SENTIMENT_CONFIGS = {
+    "pretrained": configs.config("text_classifier", "minilm"),
+    "scratch": configs.config("text_classifier", "small"),
 }
 # The pretrained encoder fixes these.
 SCRATCH_ONLY = (
@@ -264,7 +282,25 @@ SCRATCH_ONLY = (
     "num_heads",
     "intermediate_dim",
 )
-WARMUP_SHARE = 0.1  # of a fine-tuning run's steps
+# Defaults that depend on --pretrained, chosen on the validation split.
+SENTIMENT_DEFAULTS = {
+    mode: {
+        **{
+            name: config["model"][name]
+            for name in ("dropout", "pooling", *SCRATCH_ONLY)
+            if name in config["model"]
+        },
+        **{
+            name: config["data"][name]
+            for name in SCRATCH_ONLY
+            if name in config["data"]
+        },
+        "learning_rate": config["training"]["learning_rate"],
+        "ensemble": config["training"]["ensemble"],
+        "epochs": config["training"]["epochs"],
+    }
+    for mode, config in SENTIMENT_CONFIGS.items()
+}
 # What --evaluate-only takes from the run it scores.
 SENTIMENT_RUN_OPTIONS = ("data", "max_length", "smoke")
 
@@ -298,7 +334,7 @@ def sentiment_args(argv=None):
     parser.add_argument(
         "--max-length",
         type=int,
-        default=64,
+        default=SENTIMENT_CONFIGS["scratch"]["data"]["max_length"],
         help="tokens per sentence (longer ones are truncated)",
     )
 
@@ -320,11 +356,12 @@ def sentiment_args(argv=None):
         default=None,
         help="default: " + both("learning_rate"),
     )
-    parser.add_argument("--weight-decay", type=float, default=0.01)
+    recipe = SENTIMENT_CONFIGS["scratch"]["training"]  # both encoders' alike
+    parser.add_argument("--weight-decay", type=float, default=recipe["weight_decay"])
     parser.add_argument(
         "--patience",
         type=int,
-        default=2,
+        default=recipe["patience"],
         help="early stopping patience (epochs without a better validation accuracy)",
     )
     parser.add_argument(
@@ -335,13 +372,13 @@ def sentiment_args(argv=None):
         "within the budget and average their probabilities; default: "
         + both("ensemble"),
     )
-    parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument(
+        "--label-smoothing", type=float, default=recipe["label_smoothing"]
+    )
     add_run_arguments(
         parser,
         out="runs/sentiment",
-        epochs=both("epochs"),
-        time_budget=10.0,
-        batch_size=32,
+        **{**run_defaults(SENTIMENT_CONFIGS["scratch"]), "epochs": both("epochs")},
     )
     mode = pretrained_mode(parser, argv)
     defaults = dict(SENTIMENT_DEFAULTS[mode])
@@ -378,6 +415,7 @@ def sentiment_args(argv=None):
 
 # What --evaluate-only takes from the run it scores.
 LANGUAGE_MODEL_RUN_OPTIONS = ("data", "sequence_length", "smoke")
+LANGUAGE_MODEL_CONFIG = configs.config("language_model", "small")
 
 
 def language_model_args(argv=None):
@@ -386,6 +424,8 @@ def language_model_args(argv=None):
         description="Train a Transformer language model.",
         formatter_class=HelpFormatter,
     )
+    model = LANGUAGE_MODEL_CONFIG["model"]
+    recipe = LANGUAGE_MODEL_CONFIG["training"]
     parser.add_argument(
         "--data",
         default=None,
@@ -394,31 +434,31 @@ def language_model_args(argv=None):
     parser.add_argument(
         "--vocabulary-size",
         type=int,
-        default=4000,
+        default=LANGUAGE_MODEL_CONFIG["data"]["vocabulary_size"],
         help="lossless SentencePiece vocabulary (chosen on the validation plays; "
         "docs/experiments/2026-quality-trials.md)",
     )
     parser.add_argument(
         "--sequence-length",
         type=int,
-        default=128,
+        default=model["sequence_length"],
         help="tokens per training window (the model's context); with "
         "--batch-size 64, 8,192 tokens per step",
     )
-    parser.add_argument("--embedding-dim", type=int, default=128)
-    parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--intermediate-dim", type=int, default=512)
+    for name in ("embedding_dim", "num_layers", "num_heads", "intermediate_dim"):
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=model[name]
+        )
     parser.add_argument(
         "--dropout",
         type=float,
-        default=0.0,
+        default=model["dropout"],
         help="dropout rate of the blocks (0: none; chosen on the validation plays)",
     )
     parser.add_argument(
         "--learning-rate",
         type=float,
-        default=2e-3,
+        default=recipe["learning_rate"],
         help="peak learning rate (chosen on the validation plays)",
     )
     parser.add_argument(
@@ -464,17 +504,17 @@ def language_model_args(argv=None):
         "scores the validation text once per --cache-theta value); the export's "
         "score signature then uses the model alone",
     )
-    parser.add_argument("--weight-decay", type=float, default=0.05)
-    parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument("--weight-decay", type=float, default=recipe["weight_decay"])
+    parser.add_argument("--warmup-steps", type=int, default=recipe["warmup_steps"])
     parser.add_argument(
         "--lr-hold",
         type=float,
-        default=0.8,
+        default=recipe["lr_hold"],
         help="share of the run (steps or time budget) at the peak learning "
         "rate before the cosine decay; 0: decay right after the warm-up",
     )
     add_run_arguments(
-        parser, out="runs/language_model", epochs=30, time_budget=15.0, batch_size=64
+        parser, out="runs/language_model", **run_defaults(LANGUAGE_MODEL_CONFIG)
     )
     args = parse_run_args(parser, argv)
     inherit_run_options(args, LANGUAGE_MODEL_RUN_OPTIONS)

@@ -6,16 +6,17 @@ fetched on first use), split by the fixed rule of keras_attn.datasets, or
 By default the encoder starts from all-MiniLM-L6-v2 (`--pretrained minilm`,
 or a BERT checkpoint directory) and is fine-tuned with its WordPiece
 tokenizer; `--pretrained none` trains an ensemble of small classifiers from
-scratch on a SentencePiece vocabulary (their probabilities averaged).
+scratch on a SentencePiece vocabulary (their probabilities averaged). Sizes
+and defaults: `keras_attn.models.configs` ("text_classifier").
 
     python examples/sentiment.py --out runs/sentiment
     python examples/sentiment.py --smoke --pretrained none --out /tmp/smoke
 
 Writes to --out: vocab/, members/<i>/ (each classifier's checkpoints/,
 backup/ and logs/), model.keras (the classifier or ensemble with its
-tokenizer: `keras.saving.load_model(path).classify(["..."])`),
-metrics.json, plots/ and the TF Serving export under
-export/sentiment/<version>/.
+tokenizer: `keras.saving.load_model(path).classify(["..."])`), preset/
+(a single classifier's, keras-hub's layout), metrics.json, plots/ and the
+TF Serving export under export/sentiment/<version>/.
 
 Several machines (`--strategy multi-worker`): start the same command on
 every worker, each with its own TF_CONFIG; --batch-size is per replica, and
@@ -34,15 +35,9 @@ import _cli
 import _options
 import keras
 
-from keras_attn import training
+from keras_attn import text, training
 from keras_attn.datasets import load_movie_reviews, load_rated_snippets
 from keras_attn.models import TextClassifier, TextClassifierEnsemble
-from keras_attn.text import (
-    SubwordTokenizer,
-    classification_dataset,
-    train_subword_vocabulary,
-    with_cardinality,
-)
 from keras_attn.visualize import save_classifier_plots
 
 
@@ -61,12 +56,7 @@ def load_data(args):
         print(f"Training on {len(extra):,} sentences of other domains as well.")
         splits = dataclasses.replace(splits, train=splits.train + extra)
     if args.smoke:  # strided, so that both labels occur (the file is ordered)
-        splits = dataclasses.replace(
-            splits,
-            train=splits.train[::20][:400],
-            validation=splits.validation[::10][:100],
-            test=splits.test[::10][:100],
-        )
+        splits = _cli.smoke_splits(splits, (400, 100, 100), (20, 10, 10))
     return splits
 
 
@@ -74,47 +64,30 @@ def tokenizer_of(args, splits, out, checkpoint):
     """The pretrained encoder's WordPiece tokenizer, or a SentencePiece
     vocabulary trained on the training sentences."""
     if checkpoint is None:
-        path = train_subword_vocabulary(
-            [text for text, _ in splits.train],
+        path = text.train_subword_vocabulary(
+            [sentence for sentence, _ in splits.train],
             out / "vocab" / "sentiment.model",
             vocabulary_size=args.vocabulary_size,
             lowercase=True,
         )
-        return SubwordTokenizer(path)
-    if args.max_length > checkpoint.max_positions:
-        raise SystemExit(
-            "--max-length must be at most the pretrained encoder's "
-            f"{checkpoint.max_positions} positions. Received: --max-length "
-            f"{args.max_length}"
-        )
-    tokenizer = checkpoint.tokenizer(max_length=args.max_length)
+        return text.SubwordTokenizer(path)
+    tokenizer = _cli.pretrained_tokenizer(checkpoint, args.max_length)
     tokenizer.save_vocabulary(out / "vocab" / "vocab.txt")
     return tokenizer
 
 
 def build_member(args, tokenizer, name, checkpoint):
-    """One classifier of the ensemble, compiled for training."""
+    """One classifier of the ensemble, compiled for training: the
+    configuration's model with the options given."""
+    options = {"dropout": args.dropout, "pooling": args.pooling, "name": name}
     if checkpoint is None:
+        sizes = ("embedding_dim", "num_layers", "num_heads", "intermediate_dim")
+        options.update({size: getattr(args, size) for size in sizes})
         member = TextClassifier(
-            tokenizer.vocabulary_size,
-            args.max_length,
-            embedding_dim=args.embedding_dim,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            intermediate_dim=args.intermediate_dim,
-            dropout=args.dropout,
-            pooling=args.pooling,
-            tokenizer=tokenizer,
-            name=name,
+            tokenizer.vocabulary_size, args.max_length, tokenizer=tokenizer, **options
         )
     else:
-        member = TextClassifier.from_bert(
-            checkpoint,
-            dropout=args.dropout,
-            pooling=args.pooling,
-            tokenizer=tokenizer,
-            name=name,
-        )
+        member = TextClassifier.from_bert(checkpoint, tokenizer=tokenizer, **options)
     member.compile(
         optimizer=_cli.make_optimizer(args),
         loss=keras.losses.BinaryCrossentropy(label_smoothing=args.label_smoothing),
@@ -125,7 +98,8 @@ def build_member(args, tokenizer, name, checkpoint):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    out, policy, strategy = _cli.start_run(args)
+    run = _cli.start_run(args)
+    out, strategy = run.out, run.strategy
     splits = load_data(args)
 
     metrics = {}
@@ -137,8 +111,8 @@ def main(argv=None) -> dict:
         checkpoint = _cli.load_pretrained(args.pretrained)
         tokenizer = tokenizer_of(args, splits, out, checkpoint)
     data = {
-        split: with_cardinality(
-            classification_dataset(
+        split: text.with_cardinality(
+            text.classification_dataset(
                 splits[split],
                 tokenizer,
                 batch_size=args.batch_size * strategy.num_replicas_in_sync,
@@ -150,44 +124,35 @@ def main(argv=None) -> dict:
         for split in ("train", "validation", "test")
     }
     if not args.evaluate_only:
-        members, fits = [], []
         steps = int(data["train"].cardinality())
         options = _cli.fit_options(args, steps)
         if checkpoint is not None:  # BERT's: warm-up, then a decay to 0
-            total = args.steps or steps * args.epochs
-            warmup = int(_options.WARMUP_SHARE * total)
-            options = _cli.fit_options(args, steps, 0.0, warmup_steps=warmup)
-        if args.time_budget is not None:  # an equal share for each member
-            options["minutes"] = args.time_budget / args.ensemble
-        for index in range(args.ensemble):
-            keras.utils.set_random_seed(args.seed + index)
-            with strategy.scope():
-                member = build_member(args, tokenizer, f"member_{index}", checkpoint)
-            stop = keras.callbacks.EarlyStopping(
-                "val_accuracy", mode="max", patience=args.patience
+            recipe = _options.SENTIMENT_CONFIGS["pretrained"]["training"]
+            warmup = int(recipe["warmup_share"] * (args.steps or steps * args.epochs))
+            options = _cli.fit_options(
+                args, steps, recipe["decay_alpha"], warmup_steps=warmup
             )
-            fits.append(
-                training.fit_within_budget(
-                    member,
-                    data["train"],
-                    data["validation"],
-                    out / "members" / str(index),
-                    monitor="val_accuracy",
-                    mode="max",
-                    stoppers=(stop,),
-                    **options,
-                )
-            )
-            members.append(member)
+        ensemble = training.fit_ensemble(
+            lambda index: build_member(args, tokenizer, f"member_{index}", checkpoint),
+            data["train"],
+            data["validation"],
+            out / "members",
+            num_members=args.ensemble,
+            seed=args.seed,
+            patience=args.patience,
+            strategy=strategy,
+            **options,  # its minutes are the whole ensemble's
+        )
+        members = ensemble.members
         classifier = members[0]
         if len(members) > 1:
             with strategy.scope():  # also holds the evaluation metrics' variables
                 classifier = TextClassifierEnsemble(members, tokenizer=tokenizer)
         metrics.update(
-            train_seconds=sum(fit.seconds for fit in fits),
-            stopped_by_time_budget=any(fit.stopped_by_time_budget for fit in fits),
+            train_seconds=ensemble.seconds,
+            stopped_by_time_budget=ensemble.stopped_by_time_budget,
             # The training loss of each member's last epoch (the batches' mean).
-            final_train_loss=[fit.final_train_loss for fit in fits],
+            final_train_loss=ensemble.final_train_losses,
         )
     if classifier is not members[0] or args.evaluate_only:
         with strategy.scope():
@@ -201,7 +166,7 @@ def main(argv=None) -> dict:
         metrics[f"{split}_accuracy"] = float(scores["accuracy"])
     metrics.update(ensemble=len(members), test_examples=len(splits.test))
     if not args.evaluate_only:
-        classifier.save(out / "model.keras")
+        _cli.save_model(classifier, out)
     plots = save_classifier_plots(
         members[0], splits.test[:4], out / "plots", args.max_length
     )
@@ -210,27 +175,20 @@ def main(argv=None) -> dict:
         export_dir = classifier.export(
             _cli.export_base(args, out), max_length=args.max_length
         )
-    _cli.write_metrics(
-        out,
+    rows = [
+        ("test accuracy", metrics["test_accuracy"]),
+        ("validation accuracy", metrics["validation_accuracy"]),
+        ("test examples", len(splits.test)),
+    ]
+    _cli.finish(
+        run,
+        args,
         metrics,
-        vars(args),
-        _cli.describe_environment(policy, strategy),
-        {"splits": splits.counts()},
-    )
-    print(
-        _cli.summary_table(
-            [
-                ("test accuracy", metrics["test_accuracy"]),
-                ("validation accuracy", metrics["validation_accuracy"]),
-                ("training minutes", _cli.training_minutes(metrics)),
-                ("dtype policy", policy),
-                ("test examples", len(splits.test)),
-                ("model", str(out / "model.keras")),
-                ("export", str(export_dir or "-")),
-                ("plots", ", ".join(plots) or "-"),
-            ],
-            title="sentiment",
-        )
+        splits,
+        rows,
+        title="sentiment",
+        export=export_dir,
+        plots=plots,
     )
     return metrics
 

@@ -1,23 +1,22 @@
 """Train an English -> German translator: Transformer or attentional RNN.
 
-Default data: the English-German pairs of Debian's `trans-de-en` (fetched
-on first use), split by the fixed rule of keras_attn.datasets, or `--data
-FILE` with `english<TAB>german` lines. The Transformer's encoder starts
-from all-MiniLM-L6-v2 (`--pretrained minilm`, or a BERT checkpoint) under a
-decoder trained on a German SentencePiece vocabulary; `--pretrained none`
-trains it from scratch on one shared vocabulary, as the RNN always is.
+Default data: the Ding English-German pairs (fetched on first use, fixed
+splits), or `--data FILE` of `english<TAB>german` lines. The Transformer's
+encoder starts from all-MiniLM-L6-v2 (`--pretrained`) under a decoder on a
+German SentencePiece vocabulary; `--pretrained none` trains it from scratch
+on one shared vocabulary, as the RNN always is. Sizes and defaults:
+`keras_attn.models.configs`.
 
     python examples/translate.py --out runs/transformer
     python examples/translate.py --model rnn --attention bahdanau --out runs/rnn
     python examples/translate.py --evaluate-only runs/transformer --knn
 
-Reports BLEU and chrF (sacrebleu) on the test split with beam search, and
-with `--knn` once more with kNN-MT (a datastore of the training pairs'
-decoder states; its setting and length penalty chosen on validation).
-Writes to --out: vocab/, checkpoints/, backup/, logs/, model.keras (the
-translator with its tokenizers: `keras.saving.load_model(path).translate(
-["..."])`), metrics.json, translations.tsv (and translations_knn.tsv),
-plots/ and the TF Serving export under export/translator/<version>/.
+Reports test BLEU and chrF with beam search (and with `--knn`, kNN-MT, its
+setting and length penalty chosen on validation). Writes to --out: vocab/,
+checkpoints/, backup/, logs/, model.keras (with its tokenizers), preset/ (the
+Transformer's, keras-hub's layout), metrics.json, translations.tsv (and
+translations_knn.tsv), plots/ and the TF Serving export under
+export/translator/<version>/ (docs/TRANSLATION.md).
 """
 
 from __future__ import annotations
@@ -32,15 +31,8 @@ import _cli
 import _options
 import keras
 
-from keras_attn import memory, training
-from keras_attn.datasets import load_training_phrases, load_translation_pairs
+from keras_attn import datasets, memory, text, training
 from keras_attn.models import RNNTranslator, TransformerTranslator
-from keras_attn.text import (
-    SubwordTokenizer,
-    train_subword_vocabulary,
-    translation_dataset,
-    with_cardinality,
-)
 from keras_attn.visualize import save_alignment_plots
 
 
@@ -50,85 +42,48 @@ def parse_args(argv=None):
 
 def load_data(args):
     if args.data:
-        splits = load_translation_pairs(path=args.data)
+        splits = datasets.load_translation_pairs(path=args.data)
     else:
-        splits = load_translation_pairs("de-en", alternatives=args.alternatives)
+        splits = datasets.load_translation_pairs(
+            "de-en", alternatives=args.alternatives
+        )
         if args.phrases:
-            phrases = load_training_phrases(splits, args.alternatives)
+            phrases = datasets.load_training_phrases(splits, args.alternatives)
             print(f"Training on {len(phrases):,} phrase pairs as well.")
             splits = dataclasses.replace(splits, train=splits.train + phrases)
-    if args.smoke:
-        splits = dataclasses.replace(
-            splits,
-            train=splits.train[:600],
-            validation=splits.validation[:40],
-            test=splits.test[:40],
-        )
-    return splits
+    return _cli.smoke_splits(splits, (600, 40, 40)) if args.smoke else splits
 
 
 def tokenizers_of(args, splits, out, checkpoint):
     """A SentencePiece vocabulary of the training pairs (German only under
     a pretrained encoder, whose WordPiece reads the English side)."""
     texts = [german for _, german in splits.train]
+    path = out / "vocab" / "de.model"
     if checkpoint is None:  # one vocabulary for both languages
-        texts = [text for pair in splits.train for text in pair]
-    target = SubwordTokenizer(
-        train_subword_vocabulary(
-            texts,
-            out / "vocab" / ("de.model" if checkpoint else "en_de.model"),
-            vocabulary_size=args.vocabulary_size,
-        )
-    )
-    if checkpoint is None:
-        return {"source_tokenizer": target, "target_tokenizer": target}
-    if args.max_length > checkpoint.max_positions:
-        raise SystemExit(
-            "--max-length must be at most the pretrained encoder's "
-            f"{checkpoint.max_positions} positions. Received: {args.max_length}"
-        )
-    source = checkpoint.tokenizer(max_length=args.max_length)
+        texts = [side for pair in splits.train for side in pair]
+        path = out / "vocab" / "en_de.model"
+    size = args.vocabulary_size
+    vocabulary = text.train_subword_vocabulary(texts, path, vocabulary_size=size)
+    source = target = text.SubwordTokenizer(vocabulary)
+    if checkpoint is not None:
+        source = _cli.pretrained_tokenizer(checkpoint, args.max_length)
     return {"source_tokenizer": source, "target_tokenizer": target}
 
 
 def build(args, tokenizers, checkpoint=None):
-    """The translator of `args` with its tokenizers, compiled for training."""
+    """The translator of `args` with its tokenizers, compiled for training:
+    its configuration's model with the options given."""
     size = tokenizers["target_tokenizer"].vocabulary_size
-    if checkpoint is not None:
-        model = TransformerTranslator.from_bert(
-            checkpoint,
-            size,
-            sequence_length=args.max_length + 1,
-            dropout=args.dropout,
-            **tokenizers,
-        )
-    elif args.model == "rnn":
-        dim = _options.TRANSLATOR_SIZES[args.size][0]
-        model = RNNTranslator(
-            size,
-            size,
-            embedding_dim=dim,
-            units=2 * dim,
-            attention=args.attention,
-            dropout=args.dropout,
-            **tokenizers,
-        )
+    config = _options.translator_config(args)["model"]
+    config.update(dropout=args.dropout, **tokenizers)
+    if args.model == "rnn":
+        model = RNNTranslator(size, size, **{**config, "attention": args.attention})
     else:
-        dim, layers, heads, intermediate = _options.TRANSLATOR_SIZES[args.size]
-        model = TransformerTranslator(
-            size,
-            size,
-            sequence_length=args.max_length + 1,
-            embedding_dim=dim,
-            num_encoder_layers=layers,
-            num_decoder_layers=layers,
-            num_heads=heads,
-            intermediate_dim=intermediate,
-            dropout=args.dropout,
-            shared_vocabulary=True,
-            tie_embeddings=True,
-            normalize_first=True,
-            **tokenizers,
+        config["sequence_length"] = args.max_length + 1
+        model = (
+            TransformerTranslator(size, size, **config)
+            if checkpoint is None
+            else TransformerTranslator.from_bert(checkpoint, size, **config)
         )
     model.compile(  # the learning rate is set per batch by BudgetCosineDecay
         optimizer=_cli.make_optimizer(args, clipnorm=1.0),
@@ -140,16 +95,17 @@ def build(args, tokenizers, checkpoint=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    out, policy, strategy = _cli.start_run(args)
+    run = _cli.start_run(args)
+    out, strategy = run.out, run.strategy
     splits = load_data(args)
 
-    def dataset(pairs, shuffle, batch=args.batch_size * strategy.num_replicas_in_sync):
-        return with_cardinality(
-            translation_dataset(
+    def dataset(pairs, shuffle=False):
+        return text.with_cardinality(
+            text.translation_dataset(
                 pairs,
                 translator.source_tokenizer,
                 translator.target_tokenizer,
-                batch_size=batch,
+                batch_size=args.batch_size * strategy.num_replicas_in_sync,
                 max_length=args.max_length,
                 shuffle=shuffle,
                 seed=args.seed,
@@ -166,73 +122,57 @@ def main(argv=None) -> dict:
         tokenizers = tokenizers_of(args, splits, out, checkpoint)
         with strategy.scope():
             translator = build(args, tokenizers, checkpoint)
-        train_data = dataset(splits.train, True)
-        steps = int(train_data.cardinality())
-        fit = training.fit_within_budget(
-            translator,
-            train_data,
-            dataset(splits.validation, False),
-            out,
-            **_cli.fit_options(args, steps, decay_alpha=0.05),
-        )
-        translator.save(out / "model.keras")
-        metrics.update(_cli.fit_metrics(fit, steps))
+        alpha = _options.translator_config(args)["training"]["decay_alpha"]
+        data = dataset(splits.train, True), dataset(splits.validation)
+        metrics = _cli.train(args, translator, *data, out, decay_alpha=alpha)
+    decoding = dict(
+        beam_width=args.beam_width, max_length=args.max_length, verbose=args.verbose
+    )
 
     def evaluate(split, length_penalty=args.length_penalty, knn=None, label=""):
         return translator.evaluate_translations(
             splits[split][: args.test_sentences],
-            beam_width=args.beam_width,
             length_penalty=length_penalty,
-            max_length=args.max_length,
             nearest_neighbors=knn,
-            verbose=args.verbose,
             title=f"Translating the {split} split{label}",
+            **decoding,
         )
 
     # Configurations are chosen on validation; test gives the reported figure.
     validation, test = evaluate("validation"), evaluate("test")
-    metrics.update(
-        **scores(validation, "validation"),
-        **scores(test, "test"),
-        bleu_signature=test["bleu_signature"],
-        chrf_signature=test["chrf_signature"],
-        test_sentences=len(test["sources"]),
-        validation_sentences=len(validation["sources"]),
-        decode_ms_per_sentence=test["decode_ms_per_sentence"],
-    )
-    write_translations(out / "translations.tsv", test)
+    for split, result in (("validation", validation), ("test", test)):
+        metrics.update(
+            scores(result, split), **{f"{split}_sentences": len(result["sources"])}
+        )
+    names = ("bleu_signature", "chrf_signature", "decode_ms_per_sentence")
+    metrics.update({name: test[name] for name in names})
+    _cli.write_translations(out / "translations.tsv", test)
     knn = None
     if args.knn:  # kNN-MT: the datastore of the training pairs' decoder states
         pairs = splits.train
         if args.knn_phrases and not args.phrases:  # else in splits.train already
-            phrases = load_training_phrases(splits, args.alternatives)
+            phrases = datasets.load_training_phrases(splits, args.alternatives)
             print(f"kNN-MT datastore: {len(phrases):,} phrase pairs as well.")
             pairs = pairs + phrases
-        store = memory.translation_datastore(translator, dataset(pairs, False))
-        key_dtype = args.knn_key_dtype
+        store = memory.translation_datastore(translator, dataset(pairs))
+        key_dtype = args.knn_key_dtype  # auto: the policy's compute dtype
         if key_dtype == "auto":
             key_dtype = keras.config.dtype_policy().compute_dtype
+        grid = dict(k=args.knn_k, temperature=args.knn_temperature, lam=args.knn_lambda)
         knn, chosen = memory.choose_knn(
-            translator,
-            store,
-            dataset(splits.validation, False),
-            k=args.knn_k,
-            temperature=args.knn_temperature,
-            lam=args.knn_lambda,
-            key_dtype=key_dtype,
+            translator, store, dataset(splits.validation), key_dtype=key_dtype, **grid
         )
-        results = {}  # the validation decoding under each length penalty
-
-        def negative_bleu(length_penalty):
-            label = f" (kNN-MT, length penalty {length_penalty:g})"
-            results[length_penalty] = evaluate("validation", length_penalty, knn, label)
-            return -results[length_penalty]["bleu"].score
-
-        penalties = tuple(dict.fromkeys(args.knn_length_penalty))
-        penalty = memory.grid_search(negative_bleu, length_penalty=penalties)[0]
-        penalty = penalty["length_penalty"]
+        penalty, results = training.choose_length_penalty(
+            translator,
+            splits.validation[: args.test_sentences],
+            args.knn_length_penalty,
+            nearest_neighbors=knn,
+            title="Translating the validation split (kNN-MT, length penalty "
+            "{length_penalty:g})",
+            **decoding,
+        )
         knn_test = evaluate("test", penalty, knn, " (kNN-MT)")
-        write_translations(out / "translations_knn.tsv", knn_test)
+        _cli.write_translations(out / "translations_knn.tsv", knn_test)
         metrics.update(
             **scores(results[penalty], "validation", "_with_knn"),
             **scores(knn_test, "test", "_with_knn"),
@@ -244,82 +184,39 @@ def main(argv=None) -> dict:
                 for alpha, result in results.items()
             ],
         )
-    plots = save_alignment_plots(
-        translator,
-        test["sources"][:4],
-        test["hypotheses"][:4],
-        out / "plots",
-        args.max_length,
-    )
+    sample = test["sources"][:4], test["hypotheses"][:4]
+    plots = save_alignment_plots(translator, *sample, out / "plots", args.max_length)
     export_dir = None
     if not args.no_export:
         export_dir = translator.export(
             _cli.export_base(args, out),
             max_length=args.max_length,
             beam_width=args.beam_width,
-            length_penalty=metrics["knn"]["length_penalty"]
-            if args.export_knn
-            else args.length_penalty,
+            length_penalty=penalty if args.export_knn else args.length_penalty,
             nearest_neighbors=knn if args.export_knn else None,
         )
-    _cli.write_metrics(
-        out,
-        metrics,
-        vars(args),
-        _cli.describe_environment(policy, strategy),
-        {"splits": splits.counts()},
-    )
-    for source, hypothesis in list(
-        zip(test["sources"], test["hypotheses"], strict=True)
-    )[:5]:
-        print(f"  {source}  ->  {hypothesis}")
-    print(
-        _cli.summary_table(
-            [
-                ("validation BLEU", metrics["validation_bleu"]),
-                ("test BLEU", metrics["test_bleu"]),
-                ("test chrF", metrics["test_chrf"]),
-                ("decode ms/sentence", metrics["decode_ms_per_sentence"]),
-                *(
-                    [
-                        ("test BLEU with kNN", metrics["test_bleu_with_knn"]),
-                        ("test chrF with kNN", metrics["test_chrf_with_knn"]),
-                    ]
-                    if knn
-                    else []
-                ),
-                ("training minutes", _cli.training_minutes(metrics)),
-                ("dtype policy", policy),
-                ("model", str(out / "model.keras")),
-                ("export", str(export_dir or "-")),
-                ("plots", ", ".join(plots)),
-            ],
-            title=f"translation ({args.model})",
-        )
+    for row in list(zip(test["sources"], test["hypotheses"], strict=True))[:5]:
+        print("  {}  ->  {}".format(*row))
+    rows = [("validation BLEU", metrics["validation_bleu"])]
+    rows += [(f"test {name}", metrics[f"test_{name.lower()}"]) for name in KEYS]
+    rows.append(("decode ms/sentence", metrics["decode_ms_per_sentence"]))
+    for name in KEYS if knn else ():
+        rows.append((f"test {name} with kNN", metrics[f"test_{name.lower()}_with_knn"]))
+    title = f"translation ({args.model})"
+    _cli.finish(
+        run, args, metrics, splits, rows, title=title, export=export_dir, plots=plots
     )
     return metrics
 
 
+KEYS = ("BLEU", "chrF")  # the summary's test figures
+
+
 def scores(result, split, suffix=""):
-    """BLEU, chrF and the output length of an `evaluate_translations` result."""
-    bleu = result["bleu"]
-    return {
-        f"{split}_bleu{suffix}": bleu.score,
-        f"{split}_chrf{suffix}": result["chrf"].score,
-        f"{split}_length_ratio{suffix}": bleu.sys_len / max(1, bleu.ref_len),
-    }
-
-
-def write_translations(path, results):
-    """`source<TAB>reference<TAB>hypothesis` lines."""
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in zip(
-            results["sources"],
-            results["references"],
-            results["hypotheses"],
-            strict=True,
-        ):
-            handle.write("\t".join(row) + "\n")
+    """BLEU, chrF and the output length of an `evaluate_translations` result,
+    under `metrics.json`'s names."""
+    figures = training.translation_scores(result)
+    return {f"{split}_{name}{suffix}": value for name, value in figures.items()}
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""What every exporter shares: TF Serving's directory layout, input cleaning,
-metadata and sample requests."""
+"""What the exporter and the tasks' serving functions share: TF Serving's
+directory layout, input cleaning, metadata and sample requests."""
 
 from __future__ import annotations
 
@@ -63,9 +63,10 @@ def valid_utf8(text):
 
 
 def write_export(
-    archive, path: Path, metadata: dict, extra_assets: dict | None = None
+    archive, path: Path, metadata: dict, assets: dict | None = None
 ) -> Path:
-    """Write a `keras.export.ExportArchive` at `path`, with metadata.
+    """Write a `keras.export.ExportArchive` at `path`, with metadata and
+    `assets` (`{file name: write(path)}`, written under `assets/`).
 
     The archive (rather than a bare `tf.Module` holding the Keras model) keeps
     the variables loadable by TF Serving's TF1-style C++ loader. Written to a
@@ -94,9 +95,9 @@ def write_export(
         (extra / METADATA_FILE).write_text(
             json.dumps(metadata, indent=2, sort_keys=True, default=_jsonable) + "\n"
         )
-        for name, source in (extra_assets or {}).items():
+        for name, write in (assets or {}).items():
             (partial / "assets").mkdir(exist_ok=True)
-            shutil.copyfile(source, partial / "assets" / name)
+            write(partial / "assets" / name)
         partial.rename(path)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

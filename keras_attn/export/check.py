@@ -10,7 +10,8 @@
    and its TensorFlow Text (`keras_attn.export.releases`).
 2. Loads it as TF Serving's C++ loader does: the TF1 loader with the `serve`
    tag, and answers the same samples as the server answers a Predict call
-   (tensor protos fed by input name, `keras_attn.export.predict_protocol`);
+   (tensor protos fed by input name, after the server's checks:
+   `keras_attn.export._predict`);
    reports the export's size and the time this load took.
 3. Parses `assets.extra/tf_serving_warmup_requests` as the server does at
    load (at most 1,000 `PredictionLog` records) and replays every request
@@ -26,8 +27,9 @@
 
 What it proves is the export's side: the graph, its ops and its signatures
 in that TensorFlow. It does not run `tensorflow_model_server` (no package
-registry ships it): the REST and gRPC conversions and the batching around
-the graph are the project's stand-ins (`predict_protocol`, `batching`).
+registry ships it): the REST conversions and the batching around the graph
+are imitated by the tests' stand-in for the server (`serving_standin/` at
+the repository root, not installed).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ from tensorflow.python.framework import op_def_registry
 path, config_path, result_path = sys.argv[1:4]
 config = json.load(open(config_path))
 samples, examples = config["samples"], config["examples"]
-_spec = importlib.util.spec_from_file_location("_predict_protocol", config["protocol"])
+_spec = importlib.util.spec_from_file_location("_predict", config["protocol"])
 protocol = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(protocol)
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
@@ -414,7 +416,7 @@ def check_servable(
     row form `instances` for `serving_default` and the columnar form `inputs`
     for every signature) and the JSON response TF Serving gives.
     """
-    from keras_attn.export import predict_protocol
+    from keras_attn.export import _predict
     from keras_attn.export._common import read_metadata
 
     path = resolve_version_dir(path)
@@ -454,7 +456,7 @@ def check_servable(
                     "samples": metadata["samples"],
                     "examples": requests,
                     "model_name": metadata["model_name"],
-                    "protocol": predict_protocol.__file__,
+                    "protocol": _predict.__file__,
                     "linked_text_ops_dir": linked_dir,
                 }
             )
@@ -534,7 +536,7 @@ def _check_examples(examples) -> list:
 
 def _json_number(value):
     """Floats with the digits TF Serving writes for a float32."""
-    from keras_attn.export.predict_protocol import JsonNumber, format_float
+    from keras_attn.export._predict import JsonNumber, format_float
 
     if isinstance(value, list):
         return [_json_number(v) for v in value]
@@ -559,7 +561,7 @@ def rest_examples(model_name: str, requests: dict, responses: dict) -> list:
     or the bare value when a signature has one output) for `serving_default`;
     columnar form (`inputs`, answered with `outputs`) for every signature.
     """
-    from keras_attn.export.predict_protocol import dumps
+    from keras_attn.export._predict import dumps
 
     url = f"/v1/models/{model_name}:predict"
 

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import keras
 import tensorflow as tf
 
-from keras_attn.export._common import (
-    clean_text,
-    next_version_dir,
-    run_samples,
-    valid_utf8,
-    write_export,
-)
+from keras_attn.export._common import clean_text, valid_utf8
+from keras_attn.export.task import _export
 from keras_attn.memory.continuous_cache import ContinuousCache
 from keras_attn.text.tokenizer import SubwordTokenizer
 
@@ -25,7 +19,8 @@ SAMPLE_PROMPTS = ("KING:\n", "", "To be, or not to be")
 def language_model_serving_fns(
     model, context_length, max_new_tokens, max_chars, continuous_cache=None
 ):
-    """The two signature functions and the tokenizer they need tracked.
+    """The two signature functions and the tokenizer they need tracked (what
+    `TransformerLanguageModel.serving_spec` serves).
 
     `score` is `model.score_ids` (the same sliding windows and continuous
     cache as the eager `model.score`), in the graph.
@@ -67,7 +62,8 @@ def export_language_model(
     continuous_cache: ContinuousCache | None = None,
 ) -> Path:
     """Export a `keras_attn.models.TransformerLanguageModel` with its
-    `tokenizer` for TF Serving (what `model.export(base_dir)` does).
+    `tokenizer` for TF Serving (what `model.export(base_dir)` does:
+    `export_task(model, ...)` with the model's options).
 
     Signatures (`<base_dir>/<model_name>/<version>/`):
 
@@ -97,6 +93,25 @@ def export_language_model(
 
     `context_length` defaults to the model's `sequence_length`.
     """
+    return _export(
+        model,
+        base_dir,
+        model_name,
+        version,
+        {
+            "context_length": context_length,
+            "max_new_tokens": max_new_tokens,
+            "max_chars": max_chars,
+            "continuous_cache": continuous_cache,
+        },
+        argument="model",
+        expected_task="language_model",
+    )
+
+
+def check_continuous_cache(continuous_cache):
+    """`continuous_cache` if it is a `ContinuousCache` or None, else a
+    `ValueError`."""
     if continuous_cache is not None and not isinstance(
         continuous_cache, ContinuousCache
     ):
@@ -104,63 +119,4 @@ def export_language_model(
             "`continuous_cache` must be a keras_attn.memory.ContinuousCache or None. "
             f"Received: continuous_cache={continuous_cache!r}"
         )
-    if context_length is None:
-        context_length = model.sequence_length
-    model._prompt_room(max_new_tokens, context_length)  # raises if it does not fit
-    path = next_version_dir(base_dir, model_name, version)
-    complete, score, serving_tokenizer = language_model_serving_fns(
-        model, context_length, max_new_tokens, max_chars, continuous_cache
-    )
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.track(serving_tokenizer)
-    signatures = {
-        "serving_default": archive.add_endpoint(
-            "serving_default", complete, input_signature=[PROMPT_SPEC]
-        ),
-        "score": archive.add_endpoint("score", score, input_signature=[TEXT_SPEC]),
-    }
-    samples = {
-        "serving_default": {"prompt": list(SAMPLE_PROMPTS)},
-        "score": {"text": list(SAMPLE_PROMPTS)},
-    }
-    score_outputs = {"log_likelihood": "float32 [batch]"}
-    if continuous_cache is not None:
-        score_outputs["model_log_likelihood"] = "float32 [batch]"
-    score_outputs["num_tokens"] = "int32 [batch]"
-    metadata = {
-        "task": "language_model",
-        "model_name": model_name,
-        "version": int(path.name),
-        "context_length": context_length,
-        "max_new_tokens": max_new_tokens,
-        "decoding": "greedy",
-        "score": "natural-log probability of the text's tokens and the end token "
-        "given the start token; sliding window of stride context_length // 2"
-        + (
-            "; the model mixed with a continuous cache of the text's earlier "
-            "positions (model_log_likelihood: the model alone)"
-            if continuous_cache
-            else ""
-        ),
-        "continuous_cache": None
-        if continuous_cache is None
-        else {
-            "theta": continuous_cache.theta,
-            "lambda": continuous_cache.lam,
-            "window": continuous_cache.window,
-        },
-        "signatures": {
-            "serving_default": {
-                "inputs": {"prompt": "string [batch]"},
-                "outputs": {"completion": "string [batch]"},
-            },
-            "score": {
-                "inputs": {"text": "string [batch]"},
-                "outputs": score_outputs,
-            },
-        },
-        "samples": samples,
-        "sample_outputs": run_samples(signatures, samples),
-    }
-    return write_export(archive, path, metadata)
+    return continuous_cache

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import keras
-
-from keras_attn.export._common import (
-    SAMPLE_TEXTS,
-    TEXT_SPEC,
-    clean_text,
-    next_version_dir,
-    run_samples,
-    write_export,
-)
+from keras_attn.export._common import clean_text
+from keras_attn.export.task import _export
 from keras_attn.text.wordpiece import WordPieceTokenizer
 
 
@@ -21,7 +13,8 @@ def sentiment_serving_fn(classifier, max_length: int, threshold: float = 0.5):
     """The `serving_default` function: strings -> probability and label
     (`classifier.classify_strings`: the probabilities `classify` gives, up
     to float rounding, with every text padded to `max_length`), and the
-    dense tokenizer it needs tracked."""
+    dense tokenizer it needs tracked (what the classifiers' `serving_spec`
+    serves)."""
     tokenizer = classifier.dense_tokenizer(max_length)
 
     def serve(text):
@@ -42,7 +35,8 @@ def export_sentiment(
     threshold: float = 0.5,
 ) -> Path:
     """Export a classifier with its tokenizer for TF Serving (what
-    `classifier.export(base_dir)` does).
+    `classifier.export(base_dir)` does: `export_task(classifier, ...)` with
+    the classifier's options).
 
     `classifier` is a `keras_attn.models.TextClassifier` or
     `TextClassifierEnsemble` with its `tokenizer`.
@@ -62,57 +56,25 @@ def export_sentiment(
     Returns:
         The version directory.
     """
-    tokenizer = classifier.tokenizer
-    if tokenizer is None:
-        raise ValueError(
-            "Exporting for TF Serving needs the classifier's `tokenizer`. "
-            f"Received: tokenizer=None on {type(classifier).__name__} "
-            f"{classifier.name!r}"
-        )
-    path = next_version_dir(base_dir, model_name, version)
-    serve, serving_tokenizer = sentiment_serving_fn(classifier, max_length, threshold)
-    archive = keras.export.ExportArchive()
-    archive.track(classifier)
-    archive.track(serving_tokenizer)
-    signatures = {
-        "serving_default": archive.add_endpoint(
-            "serving_default", serve, input_signature=[TEXT_SPEC]
-        )
-    }
-    samples = {"serving_default": {"text": list(SAMPLE_TEXTS)}}
-    metadata = {
-        "task": "sentiment",
-        "model_name": model_name,
-        "version": int(path.name),
-        "max_length": max_length,
-        "threshold": threshold,
-        "labels": list(classifier.labels),
-        "vocabulary_size": tokenizer.vocabulary_size,
-        "tokenizer": type(tokenizer).__name__,
-        "signatures": {
-            "serving_default": {
-                "inputs": {"text": "string [batch]"},
-                "outputs": {
-                    "positive_probability": "float32 [batch]",
-                    "label": "string [batch]",
-                },
-            }
-        },
-        "samples": samples,
-        "sample_outputs": run_samples(signatures, samples),
-    }
-    name, vocab_file = _write_vocabulary(tokenizer, path.parent)
-    try:
-        return write_export(archive, path, metadata, {name: vocab_file})
-    finally:
-        Path(vocab_file).unlink(missing_ok=True)
+    return _export(
+        classifier,
+        base_dir,
+        model_name,
+        version,
+        {"max_length": max_length, "threshold": threshold},
+        argument="classifier",
+        expected_task="sentiment",
+    )
 
 
-def _write_vocabulary(tokenizer, directory: Path) -> tuple[str, str]:
-    """`(asset name, temporary file)` holding the tokenizer's vocabulary."""
-    directory.mkdir(parents=True, exist_ok=True)
+def vocabulary_asset(tokenizer) -> tuple:
+    """`(asset name, write(path))`: the tokenizer's vocabulary as the export
+    holds it for reference (`vocab.txt` of a WordPiece tokenizer, else the
+    SentencePiece model, `sentiment.model`)."""
     if isinstance(tokenizer, WordPieceTokenizer):
-        return "vocab.txt", str(tokenizer.save_vocabulary(directory / ".vocab.txt.tmp"))
-    target = directory / ".sentiment.model.tmp"
-    target.write_bytes(tokenizer.proto)
-    return "sentiment.model", str(target)
+        return "vocab.txt", tokenizer.save_vocabulary
+
+    def write_model(path: Path) -> None:
+        Path(path).write_bytes(tokenizer.proto)
+
+    return "sentiment.model", write_model

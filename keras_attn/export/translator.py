@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import keras
 import tensorflow as tf
 
-from keras_attn.export._common import (
-    TEXT_SPEC,
-    clean_text,
-    next_version_dir,
-    run_samples,
-    write_export,
-)
+from keras_attn.export._common import clean_text
+from keras_attn.export.task import _export
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import PAD_ID, START_ID
 from keras_attn.text.wordpiece import WordPieceTokenizer
@@ -28,7 +22,8 @@ def translator_serving_fns(
     length_penalty,
     nearest_neighbors=None,
 ):
-    """The two signature functions and the objects they need tracked."""
+    """The two signature functions and the objects they need tracked (what
+    `Translator.serving_spec` serves)."""
     source_tokenizer = _tokenizer(translator, "source_tokenizer")
     target_tokenizer = _tokenizer(translator, "target_tokenizer")
     # Fresh copies, tracked by the export (their vocabularies become its
@@ -86,7 +81,8 @@ def export_translator(
     nearest_neighbors=None,
 ) -> Path:
     """Export a translator with its tokenizers and beam search for TF Serving
-    (what `translator.export(base_dir)` does).
+    (what `translator.export(base_dir)` does: `export_task(translator, ...)`
+    with the translator's options).
 
     `translator` is a `keras_attn.models.RNNTranslator` or
     `TransformerTranslator` with its `source_tokenizer` (SentencePiece, or a
@@ -115,76 +111,20 @@ def export_translator(
     keys and values are saved as variables of the export (about `4 * d`
     bytes per entry) and its settings are recorded in the metadata.
     """
-    max_length = translator._translation_length(max_length)
-    path = next_version_dir(base_dir, model_name, version)
-    translate, translate_with_alignment, tracked = translator_serving_fns(
+    return _export(
         translator,
-        max_length,
-        beam_width,
-        length_penalty,
-        nearest_neighbors,
+        base_dir,
+        model_name,
+        version,
+        {
+            "max_length": max_length,
+            "beam_width": beam_width,
+            "length_penalty": length_penalty,
+            "nearest_neighbors": nearest_neighbors,
+        },
+        argument="translator",
+        expected_task="translation",
     )
-    archive = keras.export.ExportArchive()
-    archive.track(translator)
-    for resource in tracked:
-        archive.track(resource)
-    signatures = {
-        "serving_default": archive.add_endpoint(
-            "serving_default", translate, input_signature=[TEXT_SPEC]
-        ),
-        "translate_with_alignment": archive.add_endpoint(
-            "translate_with_alignment",
-            translate_with_alignment,
-            input_signature=[TEXT_SPEC],
-        ),
-    }
-    kind = "transformer" if hasattr(translator, "call_with_states") else "rnn"
-    samples = {name: {"text": list(SAMPLE_SOURCES)} for name in signatures}
-    metadata = {
-        "task": "translation",
-        "model_name": model_name,
-        "version": int(path.name),
-        "model_kind": kind,
-        "source_tokenizer": type(translator.source_tokenizer).__name__,
-        "max_length": max_length,
-        "beam_width": beam_width,
-        "length_penalty": length_penalty,
-        "length_penalty_formula": "log P / ((5 + length) / 6) ** length_penalty",
-        "nearest_neighbors": None
-        if nearest_neighbors is None
-        else {
-            "k": nearest_neighbors.k,
-            "temperature": nearest_neighbors.temperature,
-            "lambda": nearest_neighbors.lam,
-            "datastore_entries": len(nearest_neighbors.datastore),
-            "key_dtype": nearest_neighbors.key_dtype,
-            "formula": "(1 - lambda) p_model + lambda softmax(-d / temperature) "
-            "over the k nearest datastore keys' tokens",
-        },
-        "alignment": (
-            f"attention weights of the decoder's {translator.attention} attention"
-            if kind == "rnn"
-            else "cross-attention of the last decoder block, averaged over heads"
-        ),
-        "signatures": {
-            "serving_default": {
-                "inputs": {"text": "string [batch]"},
-                "outputs": {"translation": "string [batch]"},
-            },
-            "translate_with_alignment": {
-                "inputs": {"text": "string [batch]"},
-                "outputs": {
-                    "translation": "string [batch]",
-                    "source_tokens": "string [batch, S]",
-                    "translation_tokens": "string [batch, T]",
-                    "alignment": "float32 [batch, T, S]",
-                },
-            },
-        },
-        "samples": samples,
-        "sample_outputs": run_samples(signatures, samples),
-    }
-    return write_export(archive, path, metadata)
 
 
 def _pieces(tokenizer: SubwordTokenizer | WordPieceTokenizer) -> list[str]:

@@ -1,10 +1,15 @@
-"""Model classes: networks that know their task.
+"""Model classes: backbones and the tasks made of them, keras-hub's pattern.
 
-Each is a `keras.Model` built with the functional API in its constructor,
-whose constructor arguments are its `get_config` (a `.keras` file rebuilds
-it exactly), with the decoding contract `keras_attn.generation` consumes and
-`attention_maps` for heatmaps. Given their tokenizers they work on raw
-strings and export for TF Serving:
+Backbones (`backbones`) are the Transformer stacks, functional
+`keras.Model`s from token ids to hidden states:
+`TransformerEncoderBackbone` (with `from_bert`) and
+`TransformerDecoderBackbone`. Tasks put a head on one (the translator on
+two) and know their task: each is a `keras.Model` built with the functional
+API in its constructor, whose `get_config` rebuilds it exactly (a `.keras`
+file, or a preset directory: `save_to_preset` / `from_preset`), with the
+decoding contract `keras_attn.generation` consumes and `attention_maps` for
+heatmaps. Given their tokenizers they work on raw strings and export for TF
+Serving:
 
 - `TransformerTranslator` and `RNNTranslator` (both `Translator`s):
   `translate(texts)`, `evaluate_translations(pairs)`, `export(path)`;
@@ -18,6 +23,11 @@ The networks import no TensorFlow: they build, train, decode token ids and
 save on any backend; the text methods import TensorFlow Text when called.
 """
 
+from keras_attn.models import configs
+from keras_attn.models.backbones import (
+    TransformerDecoderBackbone,
+    TransformerEncoderBackbone,
+)
 from keras_attn.models.language_model import TransformerLanguageModel
 from keras_attn.models.rnn_translator import RNNTranslator
 from keras_attn.models.text_classifier import TextClassifier, TextClassifierEnsemble
@@ -28,7 +38,10 @@ __all__ = [
     "RNNTranslator",
     "TextClassifier",
     "TextClassifierEnsemble",
+    "TransformerDecoderBackbone",
+    "TransformerEncoderBackbone",
     "TransformerLanguageModel",
     "TransformerTranslator",
     "Translator",
+    "configs",
 ]

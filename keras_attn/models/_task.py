@@ -67,6 +67,34 @@ def text_list(name: str, texts) -> list[str]:
     return found
 
 
+def is_texts(x) -> bool:
+    """Whether `x` is raw text for `predict`: a string, or a non-empty list,
+    tuple or NumPy array of strings."""
+    import numpy as np
+
+    if isinstance(x, str):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "US" or (
+            x.dtype.kind == "O" and x.size > 0 and isinstance(x.flat[0], str)
+        )
+    return (
+        isinstance(x, (list, tuple))
+        and len(x) > 0
+        and all(isinstance(text, str) for text in x)
+    )
+
+
+def refuse_text_predict(model, x, methods: str) -> None:
+    """A `ValueError` when `x` is raw text: `model.predict` takes token ids
+    (`methods` are the model's text methods)."""
+    if is_texts(x):
+        raise ValueError(
+            f"`{type(model).__name__}.predict` takes token ids; on raw strings "
+            f"use {methods}. Received: x of {len(text_list('x', x))} string(s)"
+        )
+
+
 def check_length(name: str, value, allow_none: bool = False):
     if value is None and allow_none:
         return None

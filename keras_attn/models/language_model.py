@@ -6,29 +6,29 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn import _validation as v
 from keras_attn import generation
 from keras_attn._loops import map_chunks
-from keras_attn.layers._transformer_block import (
-    block_class,
-    block_structure_config,
-    blocks_of_config,
-)
-from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
-from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attn.layers._transformer_block import blocks_of_config
 from keras_attn.models import _task
+from keras_attn.models.backbones import TransformerDecoderBackbone
+from keras_attn.models.task import BackboneTask, deserialize_backbone
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerLanguageModel(keras.Model):
+class TransformerLanguageModel(BackboneTask, keras.Model):
     """Decoder-only next-token model (GPT-style) of causal decoder blocks.
 
     Input `token_ids` `(batch, T)` (0 = padding); output float32 logits
-    `(batch, T, vocabulary_size)` predicting token `t + 1` at position `t`.
-    Pre-norm blocks and a final layer norm by default (as GPT-2), learned
-    positions, output projection tied to the token embedding.
+    `(batch, T, vocabulary_size)` predicting token `t + 1` at position `t`:
+    a `TransformerDecoderBackbone` and the output projection. Pre-norm blocks
+    and a final layer norm by default (as GPT-2), learned positions, output
+    projection tied to the token embedding.
+
+    Build it from a backbone, as keras-hub's tasks
+    (`TransformerLanguageModel(backbone=TransformerDecoderBackbone(...))`),
+    or from the sizes below, which build `backbone`.
 
     Decoding over a KV cache: `initial_cache` and `call_with_cache` (the
     `keras_attn.generation` contract), `generate_ids`; with a `tokenizer`,
@@ -47,12 +47,14 @@ class TransformerLanguageModel(keras.Model):
         position: `"learned"` or `"sinusoidal"` positions.
         tokenizer: the tokenizer of `generate`, `score` and `export`
             (optional; a lossless `SubwordTokenizer`).
+        backbone: a `TransformerDecoderBackbone` without cross-attention to
+            put the output projection on (then leave the sizes out).
         **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
     """
 
     def __init__(
         self,
-        vocabulary_size: int,
+        vocabulary_size: int | None = None,
         sequence_length: int = 256,
         embedding_dim: int = 256,
         num_layers: int = 4,
@@ -63,72 +65,93 @@ class TransformerLanguageModel(keras.Model):
         normalize_first: bool = True,
         position: str = "learned",
         tokenizer=None,
+        *,
+        backbone=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "transformer_language_model")
-        v.check_positive_int("vocabulary_size", vocabulary_size)
-        v.check_positive_int("sequence_length", sequence_length)
-        v.check_positive_int("num_layers", num_layers)
-        v.check_rate("dropout", dropout)
+        sizes = {
+            "vocabulary_size": vocabulary_size,
+            "sequence_length": sequence_length,
+            "embedding_dim": embedding_dim,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "intermediate_dim": intermediate_dim,
+            "dropout": dropout,
+            "normalize_first": normalize_first,
+            "position": position,
+        }
+        if backbone is not None:
+            self.check_sizes_unset(TransformerLanguageModel.__init__, sizes)
+            self.check_backbone("backbone", backbone, TransformerDecoderBackbone)
+            if backbone.cross_attention:
+                raise ValueError(
+                    "A language model's backbone has no cross-attention. Received: "
+                    "a TransformerDecoderBackbone with cross_attention=True"
+                )
         tokenizer = _task.check_tokenizer("tokenizer", tokenizer)
+        if backbone is None:
+            backbone = TransformerDecoderBackbone(
+                **sizes,
+                embeddings_initializer={
+                    "class_name": "RandomNormal",
+                    "config": {"stddev": 0.02},
+                },
+            )
+        self.backbone = backbone
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-        self.embedding = TokenAndPositionEmbedding(
-            vocabulary_size,
-            sequence_length,
-            embedding_dim,
-            position=position,
-            mask_zero=True,
-            position_initializer="glorot_uniform",
-            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
-            name="embedding",
-        )
-        x = self.embedding(token_ids)
-        x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
-        self.decoder_blocks = []
-        for index in range(num_layers):
-            block = block_class(TransformerDecoderBlock)(
-                num_heads=num_heads,
-                intermediate_dim=intermediate_dim,
-                dropout=dropout,
-                normalize_first=normalize_first,
-                name=f"decoder_{index}",
-            )
-            x = block(x)
-            self.decoder_blocks.append(block)
-        self.final_norm = None
-        if normalize_first:
-            self.final_norm = keras.layers.LayerNormalization(
-                epsilon=1e-5, name="final_norm"
-            )
-            x = self.final_norm(x)
-        states = x
+        states = backbone(token_ids)
         if tie_embeddings:
             self.logits_layer = keras.layers.Activation(
                 "linear", dtype="float32", name="logits"
             )
-            logits = self.logits_layer(self.embedding(x, reverse=True))
+            logits = self.logits_layer(backbone.embedding(states, reverse=True))
         else:
             self.logits_layer = keras.layers.Dense(
-                vocabulary_size, dtype="float32", name="logits"
+                backbone.vocabulary_size, dtype="float32", name="logits"
             )
-            logits = self.logits_layer(x)
+            logits = self.logits_layer(states)
         super().__init__(token_ids, logits, **kwargs)
         # The same graph with the last states as a second output; kept out
         # of Keras' tracking (it holds no state of its own).
         object.__setattr__(
             self, "_states_model", keras.Model(token_ids, [states, logits])
         )
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
         self.tie_embeddings = tie_embeddings
-        self.normalize_first = normalize_first
-        self.position = position
         self.tokenizer = tokenizer
+
+    @property
+    def preprocessor(self):
+        """Strings -> training examples, a Keras layer for `tf.data`
+        (`keras_attn.text.LanguageModelPreprocessor` of `tokenizer` and
+        `sequence_length`; built once per tokenizer)."""
+        tokenizer = _task.require_tokenizer(self, "tokenizer", "preprocessor")
+
+        def build():
+            from keras_attn.text import LanguageModelPreprocessor
+
+            return LanguageModelPreprocessor(tokenizer, self.sequence_length)
+
+        return _task.cached(self, "preprocessor", [tokenizer], build)
+
+    # The stack's parts and sizes, as before the backbones.
+    embedding = property(lambda self: self.backbone.embedding)
+    decoder_blocks = property(lambda self: self.backbone.blocks)
+    final_norm = property(lambda self: self.backbone.final_norm)
+    vocabulary_size = property(lambda self: self.backbone.vocabulary_size)
+    sequence_length = property(lambda self: self.backbone.sequence_length)
+    embedding_dim = property(lambda self: self.backbone.embedding_dim)
+    num_layers = property(lambda self: self.backbone.num_layers)
+    num_heads = property(lambda self: self.backbone.num_heads)
+    intermediate_dim = property(lambda self: self.backbone.intermediate_dim)
+    dropout = property(lambda self: self.backbone.dropout)
+    normalize_first = property(lambda self: self.backbone.normalize_first)
+    position = property(lambda self: self.backbone.position)
+
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict` on token ids (raw strings: `score`, `generate`)."""
+        _task.refuse_text_predict(self, x, "`score(texts)` or `generate(prompts)`")
+        return super().predict(x, *args, **kwargs)
 
     # -- the decoding contract -------------------------------------------------
 
@@ -565,6 +588,84 @@ class TransformerLanguageModel(keras.Model):
         found["document_ids"] = np.cumsum(found["inputs"] == START_ID)
         return found
 
+    def serving_spec(
+        self,
+        context_length: int | None = None,
+        max_new_tokens: int | None = None,
+        max_chars: int = 100_000,
+        continuous_cache=None,
+    ):
+        """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
+        (which `keras_attn.export.export_task` writes) of `serving_default`
+        (`prompt` -> `completion`) and `score` (`text` -> `log_likelihood`,
+        `num_tokens`), with `export`'s options (see
+        `keras_attn.export.export_language_model`)."""
+        from keras_attn.export.language_model import (
+            PROMPT_SPEC,
+            SAMPLE_PROMPTS,
+            TEXT_SPEC,
+            check_continuous_cache,
+            language_model_serving_fns,
+        )
+        from keras_attn.export.task import Endpoint, ServingSpec
+
+        check_continuous_cache(continuous_cache)
+        if context_length is None:
+            context_length = self.sequence_length
+        self._prompt_room(max_new_tokens, context_length)  # raises if it does not fit
+        complete, score, serving_tokenizer = language_model_serving_fns(
+            self, context_length, max_new_tokens, max_chars, continuous_cache
+        )
+        with_cache = continuous_cache is not None
+        score_outputs = {"log_likelihood": "float32 [batch]"}
+        if with_cache:
+            score_outputs["model_log_likelihood"] = "float32 [batch]"
+        score_outputs["num_tokens"] = "int32 [batch]"
+        endpoints = {
+            "serving_default": Endpoint(
+                complete,
+                [PROMPT_SPEC],
+                {"prompt": "string [batch]"},
+                {"completion": "string [batch]"},
+                {"prompt": list(SAMPLE_PROMPTS)},
+            ),
+            "score": Endpoint(
+                score,
+                [TEXT_SPEC],
+                {"text": "string [batch]"},
+                score_outputs,
+                {"text": list(SAMPLE_PROMPTS)},
+            ),
+        }
+        metadata = {
+            "context_length": context_length,
+            "max_new_tokens": max_new_tokens,
+            "decoding": "greedy",
+            "score": "natural-log probability of the text's tokens and the end "
+            "token given the start token; sliding window of stride "
+            "context_length // 2"
+            + (
+                "; the model mixed with a continuous cache of the text's earlier "
+                "positions (model_log_likelihood: the model alone)"
+                if with_cache
+                else ""
+            ),
+            "continuous_cache": None
+            if not with_cache
+            else {
+                "theta": continuous_cache.theta,
+                "lambda": continuous_cache.lam,
+                "window": continuous_cache.window,
+            },
+        }
+        return ServingSpec(
+            task="language_model",
+            model_name="language_model",
+            endpoints=endpoints,
+            resources=(serving_tokenizer,),
+            metadata=metadata,
+        )
+
     def export(
         self,
         base_dir,
@@ -576,11 +677,12 @@ class TransformerLanguageModel(keras.Model):
         continuous_cache=None,
     ):
         """Export for TF Serving (completions and scores of raw strings):
-        `keras_attn.export.export_language_model(self, ...)` (see there).
-        Returns the version directory. Replaces `keras.Model.export`."""
-        from keras_attn.export.language_model import export_language_model
+        `keras_attn.export.export_language_model(self, ...)` (see there),
+        which is `export_task` of `serving_spec`. Returns the version
+        directory. Replaces `keras.Model.export`."""
+        from keras_attn.export.task import export_task
 
-        return export_language_model(
+        return export_task(
             self,
             base_dir,
             model_name=model_name,
@@ -595,23 +697,19 @@ class TransformerLanguageModel(keras.Model):
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "vocabulary_size": self.vocabulary_size,
-            "sequence_length": self.sequence_length,
-            "embedding_dim": self.embedding_dim,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "intermediate_dim": self.intermediate_dim,
-            "dropout": self.dropout,
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
             "tie_embeddings": self.tie_embeddings,
-            "normalize_first": self.normalize_first,
-            "position": self.position,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
-            **block_structure_config(self.decoder_blocks),
         }
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
-        with blocks_of_config(config):  # old configs: blocks of their structure
+        if "backbone" in config:
+            config["backbone"] = deserialize_backbone(config["backbone"])
+            return cls(**config)
+        # A config saved before the backbones (keras-attn 0.2, and this
+        # version until the backbones).
+        with blocks_of_config(config):  # 0.2's: blocks of that structure
             return cls(**config)

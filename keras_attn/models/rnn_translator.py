@@ -241,6 +241,13 @@ class RNNTranslator(Translator):
         _, (_, weights) = ops.scan(scan_step, (cache, initial_weights), steps)
         return {"alignment": ops.transpose(weights, (1, 0, 2))}  # (B, Tt, Ts)
 
+    # -- TF Serving (`Translator.serving_spec`) --------------------------------
+
+    model_kind = "rnn"
+
+    def alignment_description(self) -> str:
+        return f"attention weights of the decoder's {self.attention} attention"
+
     def get_config(self):
         return {
             "name": self.name,

@@ -8,15 +8,11 @@ import numpy as np
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import (
-    block_class,
-    block_structure_config,
-    blocks_of_config,
-)
+from keras_attn.layers._transformer_block import blocks_of_config
 from keras_attn.layers.attention_pooling import AttentionPooling
-from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
-from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_attn.models import _task
+from keras_attn.models.backbones import TransformerEncoderBackbone
+from keras_attn.models.task import BackboneTask, deserialize_backbone
 
 POOLINGS = ("mean", "attention")
 
@@ -98,6 +94,32 @@ class _ClassifierTask:
             "label": [self.labels[int(p > threshold)] for p in probability],
         }
 
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        """`keras.Model.predict`, and on raw strings (a string, or a list or
+        array of them) as keras-hub's classifiers take them: the positive
+        probabilities `(N, 1)` float32, batched as `classify` batches them
+        (`batch_size` default 64, each batch padded to a length bucket, a
+        progress bar as `verbose` asks)."""
+        if not _task.is_texts(x):
+            return super().predict(
+                x,
+                batch_size=batch_size,
+                verbose=verbose,
+                steps=steps,
+                callbacks=callbacks,
+            )
+        if steps is not None or callbacks:
+            raise ValueError(
+                "`steps` and `callbacks` apply to token ids; raw strings are "
+                f"batched by `batch_size`. Received: steps={steps!r}, "
+                f"callbacks={callbacks!r}"
+            )
+        texts = x.tolist() if hasattr(x, "tolist") else x
+        found = self.classify(
+            texts, batch_size=batch_size or _task.DEFAULT_BATCH_SIZE, verbose=verbose
+        )
+        return found["positive_probability"][:, None]
+
     def classify_strings(
         self,
         texts,
@@ -144,6 +166,44 @@ class _ClassifierTask:
         key = ("dense_tokenizer", max_length)
         return _task.cached(self, key, (tokenizer,), build)
 
+    def serving_spec(self, max_length: int = 64, threshold: float = 0.5):
+        """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
+        (which `keras_attn.export.export_task` writes) of `serving_default`
+        (`text` -> `positive_probability`, `label`), with `export`'s options
+        (see `keras_attn.export.export_sentiment`)."""
+        from keras_attn.export._common import SAMPLE_TEXTS, TEXT_SPEC
+        from keras_attn.export.sentiment import sentiment_serving_fn, vocabulary_asset
+        from keras_attn.export.task import Endpoint, ServingSpec
+
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                "Exporting for TF Serving needs the classifier's `tokenizer`. "
+                f"Received: tokenizer=None on {type(self).__name__} {self.name!r}"
+            )
+        serve, serving_tokenizer = sentiment_serving_fn(self, max_length, threshold)
+        endpoint = Endpoint(
+            serve,
+            [TEXT_SPEC],
+            {"text": "string [batch]"},
+            {"positive_probability": "float32 [batch]", "label": "string [batch]"},
+            {"text": list(SAMPLE_TEXTS)},
+        )
+        return ServingSpec(
+            task="sentiment",
+            model_name="sentiment",
+            endpoints={"serving_default": endpoint},
+            resources=(serving_tokenizer,),
+            metadata={
+                "max_length": max_length,
+                "threshold": threshold,
+                "labels": list(self.labels),
+                "vocabulary_size": tokenizer.vocabulary_size,
+                "tokenizer": type(tokenizer).__name__,
+            },
+            assets=dict([vocabulary_asset(tokenizer)]),
+        )
+
     def export(
         self,
         base_dir,
@@ -153,11 +213,12 @@ class _ClassifierTask:
         threshold: float = 0.5,
     ):
         """Export for TF Serving, strings in and probability and label out:
-        `keras_attn.export.export_sentiment(self, ...)` (see there). Returns
-        the version directory. Replaces `keras.Model.export`."""
-        from keras_attn.export.sentiment import export_sentiment
+        `keras_attn.export.export_sentiment(self, ...)` (see there), which is
+        `export_task` of `serving_spec`. Returns the version directory.
+        Replaces `keras.Model.export`."""
+        from keras_attn.export.task import export_task
 
-        return export_sentiment(
+        return export_task(
             self,
             base_dir,
             model_name=model_name,
@@ -168,23 +229,28 @@ class _ClassifierTask:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TextClassifier(_ClassifierTask, keras.Model):
+class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
     """The attention-based sequence encoder of the lectures, with a sigmoid output.
 
-    Token ids `(batch, T)` (0 = padding) -> token + position embedding ->
-    `num_layers` `TransformerEncoderBlock`s (padding masked through the Keras
-    mask) -> pooling over the unmasked positions (`"mean"`, or `"attention"`:
-    `AttentionPooling`'s learned query) -> dropout -> `Dense(1, sigmoid)`:
-    `positive_probability` `(batch, 1)` in float32 (also under mixed
-    precision). With a `tokenizer`, `classify(texts)` and `export(path)`
-    work on raw strings; `attention_maps` gives the weights for plots;
-    `from_bert` starts from a pretrained BERT-style encoder.
+    Token ids `(batch, T)` (0 = padding) -> a `TransformerEncoderBackbone`
+    (token + position embedding, `num_layers` encoder blocks, padding masked
+    through the Keras mask) -> pooling over the unmasked positions
+    (`"mean"`, or `"attention"`: `AttentionPooling`'s learned query) ->
+    dropout -> `Dense(1, sigmoid)`: `positive_probability` `(batch, 1)` in
+    float32 (also under mixed precision). With a `tokenizer`,
+    `classify(texts)`, `predict(texts)` and `export(path)` work on raw
+    strings; `attention_maps` gives the weights for plots; `from_bert`
+    starts from a pretrained BERT-style encoder.
+
+    Build it from a backbone, as keras-hub's tasks
+    (`TextClassifier(backbone=TransformerEncoderBackbone(...))`), or from the
+    sizes below, which build `backbone`.
 
     Args:
         vocabulary_size: token ids are in `[0, vocabulary_size)`.
         sequence_length: the longest input (size of learned positions).
-        embedding_dim, num_layers, num_heads, intermediate_dim, dropout:
-            encoder sizes.
+        embedding_dim, num_layers, num_heads, intermediate_dim: encoder sizes.
+        dropout: of the encoder (when built here) and of the pooled vector.
         pooling: `"mean"` or `"attention"`.
         position: `"sinusoidal"` or `"learned"`.
         normalize_first: pre-norm encoder blocks.
@@ -195,13 +261,15 @@ class TextClassifier(_ClassifierTask, keras.Model):
             `activation="gelu"` and `layer_norm_epsilon=1e-12` the model has
             BERT's layout (what `from_bert` builds).
         tokenizer: the tokenizer of `classify` and `export` (optional).
+        backbone: a `TransformerEncoderBackbone` to put the head on (then
+            leave the encoder's sizes out).
         **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
     """
 
     def __init__(
         self,
-        vocabulary_size: int,
-        sequence_length: int,
+        vocabulary_size: int | None = None,
+        sequence_length: int | None = None,
         embedding_dim: int = 128,
         num_layers: int = 2,
         num_heads: int = 4,
@@ -214,74 +282,49 @@ class TextClassifier(_ClassifierTask, keras.Model):
         layer_norm_epsilon: float = 1e-5,
         embedding_norm: bool = False,
         tokenizer=None,
+        *,
+        backbone=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "text_classifier")
-        v.check_positive_int("vocabulary_size", vocabulary_size)
-        v.check_positive_int("sequence_length", sequence_length)
+        sizes = {
+            "vocabulary_size": vocabulary_size,
+            "sequence_length": sequence_length,
+            "embedding_dim": embedding_dim,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "intermediate_dim": intermediate_dim,
+            "position": position,
+            "normalize_first": normalize_first,
+            "activation": activation,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "embedding_norm": embedding_norm,
+        }
+        if backbone is not None:
+            self.check_sizes_unset(TextClassifier.__init__, sizes)
+            backbone = self.check_backbone(
+                "backbone", backbone, TransformerEncoderBackbone
+            )
         v.check_choice("pooling", pooling, POOLINGS)
-        v.check_positive_int("num_layers", num_layers)
         v.check_rate("dropout", dropout)
         tokenizer = _task.check_tokenizer("tokenizer", tokenizer)
+        if backbone is None:
+            backbone = TransformerEncoderBackbone(**sizes, dropout=dropout)
+        self.backbone = backbone
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-        self.embedding = TokenAndPositionEmbedding(
-            vocabulary_size,
-            sequence_length,
-            embedding_dim,
-            position=position,
-            mask_zero=True,
-            position_initializer="glorot_uniform",
-            name="embedding",
-        )
-        x = self.embedding(token_ids)  # (B, T, d), Keras mask token_ids != 0
-        self.embedding_norm = None
-        if embedding_norm:
-            self.embedding_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, name="embedding_norm"
-            )
-            x = self.embedding_norm(x)
-        x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
-        self.encoder_blocks = []
-        for index in range(num_layers):
-            block = block_class(TransformerEncoderBlock)(
-                num_heads=num_heads,
-                intermediate_dim=intermediate_dim,
-                dropout=dropout,
-                normalize_first=normalize_first,
-                activation=activation,
-                layer_norm_epsilon=layer_norm_epsilon,
-                name=f"encoder_{index}",
-            )
-            x = block(x)
-            self.encoder_blocks.append(block)
-        self.final_norm = None
-        if normalize_first:
-            self.final_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, name="final_norm"
-            )
-            x = self.final_norm(x)
+        x = backbone(token_ids)  # (B, T, d), Keras mask token_ids != 0
         if pooling == "mean":
             self.pooling = MaskedAveragePooling1D(name="pooling")
         else:
-            self.pooling = AttentionPooling(embedding_dim, name="pooling")
+            self.pooling = AttentionPooling(backbone.embedding_dim, name="pooling")
         pooled = self.pooling(x)  # masked mean, or attention
         pooled = keras.layers.Dropout(dropout, name="pooled_dropout")(pooled)
         probability = keras.layers.Dense(
             1, activation="sigmoid", dtype="float32", name="positive_probability"
         )(pooled)
         super().__init__(token_ids, probability, **kwargs)
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
         self.dropout = dropout
         self.pooling_mode = pooling
-        self.position = position
-        self.normalize_first = normalize_first
-        self.activation = activation
-        self.layer_norm_epsilon = layer_norm_epsilon
         self.tokenizer = tokenizer
 
     @classmethod
@@ -290,13 +333,12 @@ class TextClassifier(_ClassifierTask, keras.Model):
     ) -> TextClassifier:
         """A classifier whose encoder is a pretrained BERT-style checkpoint's.
 
-        The token and position embeddings (BERT's token-type embedding of
-        type 0 added to the position table: every input is one segment), the
-        embedding layer norm and every encoder block get the checkpoint's
-        weights; the pooling (`"mean"`, as all-MiniLM-L6-v2's sentence
-        embeddings, or `"attention"`) and the output layer start fresh.
-        Inputs are the checkpoint's WordPiece ids (`checkpoint.tokenizer()`,
-        the natural `tokenizer`), at most `checkpoint.max_positions` long.
+        The backbone is `TransformerEncoderBackbone.from_bert(checkpoint)`
+        (the checkpoint's embeddings, embedding layer norm and blocks); the
+        pooling (`"mean"`, as all-MiniLM-L6-v2's sentence embeddings, or
+        `"attention"`) and the output layer start fresh. Inputs are the
+        checkpoint's WordPiece ids (`checkpoint.tokenizer()`, the natural
+        `tokenizer`), at most `checkpoint.max_positions` long.
 
         Args:
             checkpoint: a `keras_attn.checkpoints.BertCheckpoint`.
@@ -305,27 +347,38 @@ class TextClassifier(_ClassifierTask, keras.Model):
             pooling: `"mean"` or `"attention"`.
             **kwargs: other constructor arguments (`tokenizer`, `name`).
         """
-        from keras_attn.checkpoints import load_bert_encoder
+        backbone = TransformerEncoderBackbone.from_bert(checkpoint, dropout=dropout)
+        return cls(backbone=backbone, dropout=dropout, pooling=pooling, **kwargs)
 
-        model = cls(
-            len(checkpoint.vocabulary),
-            checkpoint.max_positions,
-            embedding_dim=checkpoint.hidden_size,
-            num_layers=checkpoint.num_layers,
-            num_heads=checkpoint.num_heads,
-            intermediate_dim=checkpoint.intermediate_size,
-            dropout=dropout,
-            pooling=pooling,
-            position="learned",
-            activation="gelu",
-            layer_norm_epsilon=checkpoint.layer_norm_epsilon,
-            embedding_norm=True,
-            **kwargs,
-        )
-        load_bert_encoder(
-            checkpoint, model.embedding, model.embedding_norm, model.encoder_blocks
-        )
-        return model
+    @property
+    def preprocessor(self):
+        """Strings -> this model's inputs, a Keras layer for `tf.data`
+        (`keras_attn.text.TextClassifierPreprocessor` of `tokenizer` and
+        `sequence_length`; built once per tokenizer)."""
+        tokenizer = _task.require_tokenizer(self, "tokenizer", "preprocessor")
+
+        def build():
+            from keras_attn.text import TextClassifierPreprocessor
+
+            return TextClassifierPreprocessor(tokenizer, self.sequence_length)
+
+        return _task.cached(self, "preprocessor", [tokenizer], build)
+
+    # The encoder's parts and sizes, as before the backbones.
+    embedding = property(lambda self: self.backbone.embedding)
+    embedding_norm = property(lambda self: self.backbone.embedding_norm)
+    encoder_blocks = property(lambda self: self.backbone.blocks)
+    final_norm = property(lambda self: self.backbone.final_norm)
+    vocabulary_size = property(lambda self: self.backbone.vocabulary_size)
+    sequence_length = property(lambda self: self.backbone.sequence_length)
+    embedding_dim = property(lambda self: self.backbone.embedding_dim)
+    num_layers = property(lambda self: self.backbone.num_layers)
+    num_heads = property(lambda self: self.backbone.num_heads)
+    intermediate_dim = property(lambda self: self.backbone.intermediate_dim)
+    position = property(lambda self: self.backbone.position)
+    normalize_first = property(lambda self: self.backbone.normalize_first)
+    activation = property(lambda self: self.backbone.activation)
+    layer_norm_epsilon = property(lambda self: self.backbone.layer_norm_epsilon)
 
     def attention_maps(self, token_ids) -> dict:
         """Attention weights, float32: `"self_attention"`, one `(B, heads, T,
@@ -335,46 +388,35 @@ class TextClassifier(_ClassifierTask, keras.Model):
         (which tokens a decision rests on; padding gets 0)."""
         token_ids = ops.convert_to_tensor(token_ids, "int32")
         mask = ops.not_equal(token_ids, 0)
-        x = self.embedding(token_ids)
-        if self.embedding_norm is not None:
-            x = self.embedding_norm(x)
-        maps = {"self_attention": []}
-        for block in self.encoder_blocks:
-            x, weights = block(x, padding_mask=mask, return_attention_scores=True)
-            maps["self_attention"].append(ops.cast(weights, "float32"))
+        x, maps = self.backbone.encode(
+            token_ids, padding_mask=mask, return_attention_scores=True
+        )
+        found = {"self_attention": maps}
         if isinstance(self.pooling, AttentionPooling):
-            if self.final_norm is not None:
-                x = self.final_norm(x)
             _, weights = self.pooling(x, mask=mask, return_attention_scores=True)
-            maps["pooling"] = ops.cast(weights, "float32")
-        return maps
+            found["pooling"] = ops.cast(weights, "float32")
+        return found
 
     def get_config(self):
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "vocabulary_size": self.vocabulary_size,
-            "sequence_length": self.sequence_length,
-            "embedding_dim": self.embedding_dim,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "intermediate_dim": self.intermediate_dim,
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
             "dropout": self.dropout,
             "pooling": self.pooling_mode,
-            "position": self.position,
-            "normalize_first": self.normalize_first,
-            "activation": self.activation,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "embedding_norm": self.embedding_norm is not None,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
-            **block_structure_config(self.encoder_blocks),
         }
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
-        with blocks_of_config(config):  # old configs: blocks of their structure
+        if "backbone" in config:
+            config["backbone"] = deserialize_backbone(config["backbone"])
+            return cls(**config)
+        # A config saved before the backbones (keras-attn 0.2, and this
+        # version until the backbones).
+        with blocks_of_config(config):  # 0.2's: blocks of that structure
             return cls(**config)
 
 

@@ -6,60 +6,57 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import (
-    block_class,
-    block_structure_config,
-    blocks_of_config,
-)
-from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
-from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
-from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attn.layers._transformer_block import blocks_of_config
 from keras_attn.models import _task
+from keras_attn.models.backbones import (
+    TransformerDecoderBackbone,
+    TransformerEncoderBackbone,
+)
+from keras_attn.models.task import BackboneTask, deserialize_backbone
 from keras_attn.models.translator import Translator
 
 ENCODER_LAYOUTS = ("transformer", "bert")
 POSITIONS = ("sinusoidal", "learned")
 
 
-def translator_embedding(
-    vocabulary_size, sequence_length, embedding_dim, name, position
-):
-    """A translator's `TokenAndPositionEmbedding`: scaled by `sqrt(d)` as in
-    the paper, initialised with standard deviation `d ** -0.5` (so tied
-    output logits start near unit scale), padding (id 0) masked."""
-    return TokenAndPositionEmbedding(
-        vocabulary_size,
-        sequence_length,
-        embedding_dim,
-        position=position,
-        mask_zero=True,
-        position_initializer="glorot_uniform",
-        scale_embeddings=True,
-        embeddings_initializer=keras.initializers.RandomNormal(
-            stddev=embedding_dim**-0.5
-        ),
-        name=name,
-    )
+def _translator_embedding_settings(embedding_dim) -> dict:
+    """A translator side's embedding as in the paper: scaled by `sqrt(d)`,
+    initialised with standard deviation `d ** -0.5` (so tied output logits
+    start near unit scale)."""
+    return {
+        "scale_embeddings": True,
+        "embeddings_initializer": {
+            "class_name": "RandomNormal",
+            "config": {"stddev": embedding_dim**-0.5},
+        },
+    }
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerTranslator(Translator):
+class TransformerTranslator(BackboneTask, Translator):
     """Vaswani et al.'s encoder-decoder Transformer for translation.
 
     Inputs `{"encoder_inputs": (batch, S), "decoder_inputs": (batch, T)}` int
     ids, 0 = padding; output float32 logits `(batch, T, target_vocabulary_size)`
-    predicting token `t + 1` at position `t`. Source and target tokens get
-    `TokenAndPositionEmbedding`s (scaled by `sqrt(d)` as in the paper), one
-    table for both with `shared_vocabulary=True`. With `tie_embeddings=True`
-    the output projection is the transposed target embedding (section 3.4 of
-    the paper). `normalize_first=True` gives pre-norm blocks and a final
-    layer norm, which train more stably without warm-up.
+    predicting token `t + 1` at position `t`. Two backbones: the encoder
+    (`backbone`, a `TransformerEncoderBackbone`) and the decoder
+    (`decoder_backbone`, a `TransformerDecoderBackbone` with
+    cross-attention). Source and target tokens get `TokenAndPositionEmbedding`s
+    (scaled by `sqrt(d)` as in the paper), one table for both with
+    `shared_vocabulary=True`. With `tie_embeddings=True` the output
+    projection is the transposed target embedding (section 3.4 of the
+    paper). `normalize_first=True` gives pre-norm blocks and final layer
+    norms, which train more stably without warm-up.
 
     `encoder_layout="bert"` makes the encoder a BERT encoder (learned
     positions, no scaling, an embedding layer norm, post-norm GELU blocks
     with `encoder_layer_norm_epsilon`) of its own sizes (`encoder_dim`,
     `encoder_num_heads`, `encoder_intermediate_dim`, `source_sequence_length`):
     what `from_bert` loads a pretrained checkpoint into.
+
+    Build it from backbones (`TransformerTranslator(backbone=...,
+    decoder_backbone=...)`, the decoder's `encoder_dim` the encoder's width)
+    or from the sizes below, which build them.
 
     Decoding: `encode` / `call_with_cache` (the `keras_attn.generation`
     contract, over a KV cache), `translate_ids`, and with its tokenizers
@@ -92,13 +89,17 @@ class TransformerTranslator(Translator):
             parallel corpus would move only the rows of the words it holds).
         source_tokenizer, target_tokenizer: tokenizers of `translate` and
             `export` (optional: the network decodes token ids without them).
+        backbone, decoder_backbone: the two stacks, given together (then
+            leave the sizes out); with `shared_vocabulary=True` the decoder
+            is built on the encoder's embedding and `decoder_backbone` is
+            its config (a dict) or None.
         **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
     """
 
     def __init__(
         self,
-        source_vocabulary_size: int,
-        target_vocabulary_size: int,
+        source_vocabulary_size: int | None = None,
+        target_vocabulary_size: int | None = None,
         sequence_length: int = 128,
         embedding_dim: int = 256,
         num_encoder_layers: int = 3,
@@ -119,190 +120,140 @@ class TransformerTranslator(Translator):
         freeze_source_embedding: bool = False,
         source_tokenizer=None,
         target_tokenizer=None,
+        *,
+        backbone=None,
+        decoder_backbone=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "transformer_translator")
-        for name, value in (
-            ("source_vocabulary_size", source_vocabulary_size),
-            ("target_vocabulary_size", target_vocabulary_size),
-            ("sequence_length", sequence_length),
-            ("embedding_dim", embedding_dim),
-            ("num_encoder_layers", num_encoder_layers),
-            ("num_decoder_layers", num_decoder_layers),
-        ):
-            v.check_positive_int(name, value)
-        for name, value in (
-            ("encoder_dim", encoder_dim),
-            ("encoder_num_heads", encoder_num_heads),
-            ("encoder_intermediate_dim", encoder_intermediate_dim),
-            ("source_sequence_length", source_sequence_length),
-        ):
-            v.check_positive_int(name, value, allow_none=True)
-        v.check_rate("dropout", dropout)
-        v.check_choice("position", position, POSITIONS)
-        v.check_choice("encoder_layout", encoder_layout, ENCODER_LAYOUTS)
-        bert = encoder_layout == "bert"
-        if shared_vocabulary and (
-            source_vocabulary_size != target_vocabulary_size
-            or bert
-            or (encoder_dim or embedding_dim) != embedding_dim
-        ):
-            raise ValueError(
-                "A shared vocabulary needs equal vocabulary sizes and widths and "
-                "the Transformer encoder layout. Received: "
-                f"source_vocabulary_size={source_vocabulary_size}, "
-                f"target_vocabulary_size={target_vocabulary_size}, "
-                f"encoder_dim={encoder_dim}, encoder_layout={encoder_layout!r}"
-            )
+        sizes = {
+            "source_vocabulary_size": source_vocabulary_size,
+            "target_vocabulary_size": target_vocabulary_size,
+            "sequence_length": sequence_length,
+            "embedding_dim": embedding_dim,
+            "num_encoder_layers": num_encoder_layers,
+            "num_decoder_layers": num_decoder_layers,
+            "num_heads": num_heads,
+            "intermediate_dim": intermediate_dim,
+            "dropout": dropout,
+            "normalize_first": normalize_first,
+            "position": position,
+            "encoder_layout": encoder_layout,
+            "encoder_dim": encoder_dim,
+            "encoder_num_heads": encoder_num_heads,
+            "encoder_intermediate_dim": encoder_intermediate_dim,
+            "source_sequence_length": source_sequence_length,
+            "encoder_layer_norm_epsilon": encoder_layer_norm_epsilon,
+        }
         source_tokenizer = _task.check_tokenizer("source_tokenizer", source_tokenizer)
         target_tokenizer = _task.check_tokenizer("target_tokenizer", target_tokenizer)
-        epsilon = encoder_layer_norm_epsilon
-        if epsilon is None:
-            epsilon = 1e-12 if bert else 1e-5
-        source_dim = encoder_dim or embedding_dim
-        source_length = source_sequence_length or sequence_length
+        if backbone is None and decoder_backbone is None:
+            backbone, decoder_backbone = _backbones_of_sizes(
+                shared_vocabulary=shared_vocabulary, **sizes
+            )
+        else:
+            self.check_sizes_unset(
+                TransformerTranslator.__init__, sizes, "backbone` and `decoder_backbone"
+            )
+            backbone, decoder_backbone = _given_backbones(
+                backbone, decoder_backbone, shared_vocabulary
+            )
+        if freeze_source_embedding:
+            backbone.embedding.trainable = False
+        self.backbone = backbone
+        self.decoder_backbone = decoder_backbone
 
         encoder_inputs = keras.Input((None,), dtype="int32", name="encoder_inputs")
         decoder_inputs = keras.Input((None,), dtype="int32", name="decoder_inputs")
-
-        # The layers are made and called in graph order (their initializers
-        # draw their seeds as they are made).
-        if bert:
-            self.source_embedding = TokenAndPositionEmbedding(
-                source_vocabulary_size,
-                source_length,
-                source_dim,
-                position="learned",
-                mask_zero=True,
-                position_initializer="glorot_uniform",
-                trainable=not freeze_source_embedding,
-                name="source_embedding",
-            )
-        elif shared_vocabulary:
-            self.source_embedding = translator_embedding(
-                source_vocabulary_size,
-                sequence_length,
-                embedding_dim,
-                "shared_embedding",
-                position,
-            )
-        else:
-            self.source_embedding = translator_embedding(
-                source_vocabulary_size,
-                source_length,
-                source_dim,
-                "source_embedding",
-                position,
-            )
-            self.target_embedding = translator_embedding(
-                target_vocabulary_size,
-                sequence_length,
-                embedding_dim,
-                "target_embedding",
-                position,
-            )
-        if freeze_source_embedding:
-            self.source_embedding.trainable = False
-        x = self.source_embedding(encoder_inputs)  # (B, S, d), masked
-        self.source_embedding_norm = None
-        if bert:
-            self.source_embedding_norm = keras.layers.LayerNormalization(
-                epsilon=epsilon, name="source_embedding_norm"
-            )
-            x = self.source_embedding_norm(x)
-        x = keras.layers.Dropout(dropout, name="source_dropout")(x)
-        encoder_normalize_first = normalize_first and not bert
-        self.encoder_blocks = []
-        for index in range(num_encoder_layers):
-            block = block_class(TransformerEncoderBlock)(
-                num_heads=encoder_num_heads or num_heads,
-                intermediate_dim=encoder_intermediate_dim or intermediate_dim,
-                dropout=dropout,
-                normalize_first=encoder_normalize_first,
-                activation="gelu" if bert else "relu",
-                layer_norm_epsilon=epsilon,
-                name=f"encoder_{index}",
-            )
-            x = block(x)
-            self.encoder_blocks.append(block)
-        self.encoder_norm = None
-        if encoder_normalize_first:
-            self.encoder_norm = keras.layers.LayerNormalization(
-                epsilon=epsilon, name="encoder_norm"
-            )
-            x = self.encoder_norm(x)
-        encoder_outputs = x
-
-        if bert:
-            self.target_embedding = translator_embedding(
-                target_vocabulary_size,
-                sequence_length,
-                embedding_dim,
-                "target_embedding",
-                position,
-            )
-        elif shared_vocabulary:
-            self.target_embedding = self.source_embedding
-        y = self.target_embedding(decoder_inputs)  # (B, T, d), masked
-        y = keras.layers.Dropout(dropout, name="target_dropout")(y)
-        # A pretrained (post-norm) encoder gets a pre-norm decoder.
-        decoder_normalize_first = normalize_first or bert
-        self.decoder_blocks = []
-        for index in range(num_decoder_layers):
-            block = block_class(TransformerDecoderBlock)(
-                num_heads=num_heads,
-                intermediate_dim=intermediate_dim,
-                dropout=dropout,
-                normalize_first=decoder_normalize_first,
-                name=f"decoder_{index}",
-            )
-            y = block(y, encoder_outputs)
-            self.decoder_blocks.append(block)
-        self.decoder_norm = None
-        if decoder_normalize_first:
-            self.decoder_norm = keras.layers.LayerNormalization(
-                epsilon=1e-5, name="decoder_norm"
-            )
-            y = self.decoder_norm(y)
-        states = y
+        encoder_outputs = backbone(encoder_inputs)  # (B, S, d), masked
+        states = decoder_backbone(
+            {
+                "token_ids": decoder_inputs,
+                "encoder_sequence_output": encoder_outputs,
+                "encoder_padding_mask": ops.not_equal(encoder_inputs, 0),
+            }
+        )
         if tie_embeddings:
             self.logits_layer = keras.layers.Activation(
                 "linear", dtype="float32", name="logits"
             )
-            logits = self.logits_layer(self.target_embedding(y, reverse=True))
+            logits = self.logits_layer(decoder_backbone.embedding(states, reverse=True))
         else:
             self.logits_layer = keras.layers.Dense(
-                target_vocabulary_size, dtype="float32", name="logits"
+                decoder_backbone.vocabulary_size, dtype="float32", name="logits"
             )
-            logits = self.logits_layer(y)
+            logits = self.logits_layer(states)
         inputs = {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs}
         super().__init__(inputs, logits, **kwargs)
         # The same graph with the decoder's last states as a second output;
         # kept out of Keras' tracking (it holds no state of its own).
         object.__setattr__(self, "_states_model", keras.Model(inputs, [states, logits]))
-
-        self.source_vocabulary_size = source_vocabulary_size
-        self.target_vocabulary_size = target_vocabulary_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
-        self.num_encoder_layers = num_encoder_layers
-        self.num_decoder_layers = num_decoder_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
         self.shared_vocabulary = shared_vocabulary
         self.tie_embeddings = tie_embeddings
-        self.normalize_first = normalize_first
-        self.position = position
-        self.encoder_layout = encoder_layout
-        self.encoder_dim = encoder_dim
-        self.encoder_num_heads = encoder_num_heads
-        self.encoder_intermediate_dim = encoder_intermediate_dim
-        self.source_sequence_length = source_sequence_length
-        self.encoder_layer_norm_epsilon = encoder_layer_norm_epsilon
         self.freeze_source_embedding = freeze_source_embedding
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
+
+    @property
+    def backbones(self) -> tuple:
+        return (self.backbone, self.decoder_backbone)
+
+    @property
+    def preprocessor(self):
+        """`{"source", "target"}` strings -> training examples, a Keras layer
+        for `tf.data` (`keras_attn.text.TranslatorPreprocessor` of the
+        tokenizers, the source positions and `sequence_length` target ids;
+        built once per pair of tokenizers)."""
+        tokenizers = [
+            _task.require_tokenizer(self, name, "preprocessor")
+            for name in ("source_tokenizer", "target_tokenizer")
+        ]
+
+        def build():
+            from keras_attn.text import TranslatorPreprocessor
+
+            return TranslatorPreprocessor(
+                *tokenizers, self.source_sequence_length, self.sequence_length
+            )
+
+        return _task.cached(self, "preprocessor", tokenizers, build)
+
+    # The stacks' parts and sizes, as before the backbones.
+    encoder_backbone = property(lambda self: self.backbone)
+    source_embedding = property(lambda self: self.backbone.embedding)
+    source_embedding_norm = property(lambda self: self.backbone.embedding_norm)
+    encoder_blocks = property(lambda self: self.backbone.blocks)
+    encoder_norm = property(lambda self: self.backbone.final_norm)
+    target_embedding = property(lambda self: self.decoder_backbone.embedding)
+    decoder_blocks = property(lambda self: self.decoder_backbone.blocks)
+    decoder_norm = property(lambda self: self.decoder_backbone.final_norm)
+    source_vocabulary_size = property(lambda self: self.backbone.vocabulary_size)
+    target_vocabulary_size = property(
+        lambda self: self.decoder_backbone.vocabulary_size
+    )
+    sequence_length = property(lambda self: self.decoder_backbone.sequence_length)
+    source_sequence_length = property(lambda self: self.backbone.sequence_length)
+    embedding_dim = property(lambda self: self.decoder_backbone.embedding_dim)
+    encoder_dim = property(lambda self: self.backbone.embedding_dim)
+    num_encoder_layers = property(lambda self: self.backbone.num_layers)
+    num_decoder_layers = property(lambda self: self.decoder_backbone.num_layers)
+    num_heads = property(lambda self: self.decoder_backbone.num_heads)
+    encoder_num_heads = property(lambda self: self.backbone.num_heads)
+    intermediate_dim = property(lambda self: self.decoder_backbone.intermediate_dim)
+    encoder_intermediate_dim = property(lambda self: self.backbone.intermediate_dim)
+    dropout = property(lambda self: self.decoder_backbone.dropout)
+    position = property(lambda self: self.decoder_backbone.position)
+    encoder_layer_norm_epsilon = property(lambda self: self.backbone.layer_norm_epsilon)
+
+    @property
+    def normalize_first(self) -> bool:
+        return self.backbone.normalize_first or self.decoder_backbone.normalize_first
+
+    @property
+    def encoder_layout(self) -> str:
+        """`"bert"` for an encoder of BERT's layout (an embedding layer norm),
+        else `"transformer"`."""
+        return "bert" if self.backbone.embedding_norm is not None else "transformer"
 
     @classmethod
     def from_bert(
@@ -321,13 +272,12 @@ class TransformerTranslator(Translator):
     ) -> TransformerTranslator:
         """A translator whose encoder is a pretrained BERT-style checkpoint's.
 
-        The encoder (`encoder_layout="bert"`, the checkpoint's sizes) gets
-        the checkpoint's weights (`keras_attn.checkpoints.load_bert_encoder`);
-        the decoder, a pre-norm `TransformerDecoderBlock` stack with
-        sinusoidal positions and its own target vocabulary, starts fresh.
-        Inputs are the checkpoint's WordPiece ids (`checkpoint.tokenizer()`,
-        the natural `source_tokenizer`), at most `checkpoint.max_positions`
-        long.
+        The encoder is `TransformerEncoderBackbone.from_bert(checkpoint)`
+        (the checkpoint's sizes and weights); the decoder, a pre-norm
+        `TransformerDecoderBackbone` with sinusoidal positions and its own
+        target vocabulary, starts fresh. Inputs are the checkpoint's
+        WordPiece ids (`checkpoint.tokenizer()`, the natural
+        `source_tokenizer`), at most `checkpoint.max_positions` long.
 
         Args:
             checkpoint: a `keras_attn.checkpoints.BertCheckpoint`.
@@ -343,35 +293,29 @@ class TransformerTranslator(Translator):
             **kwargs: other constructor arguments (`source_tokenizer`,
                 `target_tokenizer`, `name`, ...).
         """
-        from keras_attn.checkpoints import load_bert_encoder
-
-        model = cls(
-            len(checkpoint.vocabulary),
-            target_vocabulary_size,
-            sequence_length=sequence_length,
-            embedding_dim=embedding_dim or checkpoint.hidden_size,
-            num_encoder_layers=checkpoint.num_layers,
-            num_decoder_layers=num_decoder_layers,
-            num_heads=num_heads or checkpoint.num_heads,
-            intermediate_dim=intermediate_dim or checkpoint.intermediate_size,
-            dropout=dropout,
+        backbone = TransformerEncoderBackbone.from_bert(checkpoint, dropout=dropout)
+        embedding_dim = embedding_dim or checkpoint.hidden_size
+        decoder_backbone = TransformerDecoderBackbone(
+            **_decoder_sizes(
+                target_vocabulary_size,
+                sequence_length,
+                embedding_dim,
+                num_decoder_layers,
+                num_heads or checkpoint.num_heads,
+                intermediate_dim or checkpoint.intermediate_size,
+                dropout,
+                "sinusoidal",
+                normalize_first=True,
+                encoder_dim=checkpoint.hidden_size,
+            )
+        )
+        return cls(
+            backbone=backbone,
+            decoder_backbone=decoder_backbone,
             tie_embeddings=tie_embeddings,
-            encoder_layout="bert",
-            encoder_dim=checkpoint.hidden_size,
-            encoder_num_heads=checkpoint.num_heads,
-            encoder_intermediate_dim=checkpoint.intermediate_size,
-            source_sequence_length=checkpoint.max_positions,
-            encoder_layer_norm_epsilon=checkpoint.layer_norm_epsilon,
             freeze_source_embedding=freeze_source_embedding,
             **kwargs,
         )
-        load_bert_encoder(
-            checkpoint,
-            model.source_embedding,
-            model.source_embedding_norm,
-            model.encoder_blocks,
-        )
-        return model
 
     # -- the decoding contract -------------------------------------------------
 
@@ -379,14 +323,7 @@ class TransformerTranslator(Translator):
         """`(encoder_outputs (B, S, d), source_mask (B, S))` of source ids."""
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
         mask = ops.not_equal(encoder_inputs, 0)  # (B, S)
-        x = self.source_embedding(encoder_inputs)
-        if self.source_embedding_norm is not None:
-            x = self.source_embedding_norm(x)
-        for block in self.encoder_blocks:
-            x = block(x, padding_mask=mask)
-        if self.encoder_norm is not None:
-            x = self.encoder_norm(x)
-        return x, mask
+        return self.backbone.encode(encoder_inputs, padding_mask=mask), mask
 
     def encode(self, encoder_inputs, max_length):
         """The decoding cache of a batch of sources, for `max_length` target
@@ -473,36 +410,205 @@ class TransformerTranslator(Translator):
             cross.append(ops.cast(scores["cross_attention"], "float32"))
         return {"cross_attention": cross, "alignment": ops.mean(cross[-1], axis=1)}
 
+    # -- TF Serving (`Translator.serving_spec`) --------------------------------
+
+    model_kind = "transformer"
+
+    def alignment_description(self) -> str:
+        return "cross-attention of the last decoder block, averaged over heads"
+
     def get_config(self):
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "source_vocabulary_size": self.source_vocabulary_size,
-            "target_vocabulary_size": self.target_vocabulary_size,
-            "sequence_length": self.sequence_length,
-            "embedding_dim": self.embedding_dim,
-            "num_encoder_layers": self.num_encoder_layers,
-            "num_decoder_layers": self.num_decoder_layers,
-            "num_heads": self.num_heads,
-            "intermediate_dim": self.intermediate_dim,
-            "dropout": self.dropout,
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+            "decoder_backbone": keras.saving.serialize_keras_object(
+                self.decoder_backbone
+            ),
             "shared_vocabulary": self.shared_vocabulary,
             "tie_embeddings": self.tie_embeddings,
-            "normalize_first": self.normalize_first,
-            "position": self.position,
-            "encoder_layout": self.encoder_layout,
-            "encoder_dim": self.encoder_dim,
-            "encoder_num_heads": self.encoder_num_heads,
-            "encoder_intermediate_dim": self.encoder_intermediate_dim,
-            "source_sequence_length": self.source_sequence_length,
-            "encoder_layer_norm_epsilon": self.encoder_layer_norm_epsilon,
             "freeze_source_embedding": self.freeze_source_embedding,
             **self._tokenizer_config(),
-            **block_structure_config(self.encoder_blocks + self.decoder_blocks),
         }
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        with blocks_of_config(config):  # old configs: blocks of their structure
-            return super().from_config(config)
+        for name in ("source_tokenizer", "target_tokenizer"):
+            config[name] = _task.deserialize_tokenizer(config.get(name))
+        if "backbone" in config:
+            backbone = deserialize_backbone(config.pop("backbone"))
+            extra = {}
+            if config.get("shared_vocabulary"):
+                extra["token_embedding"] = backbone.embedding
+            decoder = deserialize_backbone(config.pop("decoder_backbone"), **extra)
+            return cls(backbone=backbone, decoder_backbone=decoder, **config)
+        # A config saved before the backbones (keras-attn 0.2, and this
+        # version until the backbones).
+        with blocks_of_config(config):  # 0.2's: blocks of that structure
+            return cls(**config)
+
+
+def _decoder_sizes(
+    vocabulary_size,
+    sequence_length,
+    embedding_dim,
+    num_layers,
+    num_heads,
+    intermediate_dim,
+    dropout,
+    position,
+    normalize_first,
+    encoder_dim,
+) -> dict:
+    return {
+        "vocabulary_size": vocabulary_size,
+        "sequence_length": sequence_length,
+        "embedding_dim": embedding_dim,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "intermediate_dim": intermediate_dim,
+        "dropout": dropout,
+        "position": position,
+        "normalize_first": normalize_first,
+        "cross_attention": True,
+        "encoder_dim": encoder_dim if encoder_dim != embedding_dim else None,
+        **_translator_embedding_settings(embedding_dim),
+    }
+
+
+def _backbones_of_sizes(
+    source_vocabulary_size,
+    target_vocabulary_size,
+    sequence_length,
+    embedding_dim,
+    num_encoder_layers,
+    num_decoder_layers,
+    num_heads,
+    intermediate_dim,
+    dropout,
+    normalize_first,
+    position,
+    encoder_layout,
+    encoder_dim,
+    encoder_num_heads,
+    encoder_intermediate_dim,
+    source_sequence_length,
+    encoder_layer_norm_epsilon,
+    shared_vocabulary,
+):
+    """The encoder and decoder backbones of the constructor's sizes."""
+    for name, value in (
+        ("source_vocabulary_size", source_vocabulary_size),
+        ("target_vocabulary_size", target_vocabulary_size),
+        ("sequence_length", sequence_length),
+        ("embedding_dim", embedding_dim),
+        ("num_encoder_layers", num_encoder_layers),
+        ("num_decoder_layers", num_decoder_layers),
+    ):
+        v.check_positive_int(name, value)
+    for name, value in (
+        ("encoder_dim", encoder_dim),
+        ("encoder_num_heads", encoder_num_heads),
+        ("encoder_intermediate_dim", encoder_intermediate_dim),
+        ("source_sequence_length", source_sequence_length),
+    ):
+        v.check_positive_int(name, value, allow_none=True)
+    v.check_rate("dropout", dropout)
+    v.check_choice("position", position, POSITIONS)
+    v.check_choice("encoder_layout", encoder_layout, ENCODER_LAYOUTS)
+    bert = encoder_layout == "bert"
+    if shared_vocabulary and (
+        source_vocabulary_size != target_vocabulary_size
+        or bert
+        or (encoder_dim or embedding_dim) != embedding_dim
+    ):
+        raise ValueError(
+            "A shared vocabulary needs equal vocabulary sizes and widths and "
+            "the Transformer encoder layout. Received: "
+            f"source_vocabulary_size={source_vocabulary_size}, "
+            f"target_vocabulary_size={target_vocabulary_size}, "
+            f"encoder_dim={encoder_dim}, encoder_layout={encoder_layout!r}"
+        )
+    epsilon = encoder_layer_norm_epsilon
+    if epsilon is None:
+        epsilon = 1e-12 if bert else 1e-5
+    source_dim = encoder_dim or embedding_dim
+    encoder_sizes = {
+        "vocabulary_size": source_vocabulary_size,
+        "sequence_length": source_sequence_length or sequence_length,
+        "embedding_dim": source_dim,
+        "num_layers": num_encoder_layers,
+        "num_heads": encoder_num_heads or num_heads,
+        "intermediate_dim": encoder_intermediate_dim or intermediate_dim,
+        "dropout": dropout,
+        "layer_norm_epsilon": epsilon,
+    }
+    if bert:
+        encoder = TransformerEncoderBackbone(
+            **encoder_sizes, position="learned", activation="gelu", embedding_norm=True
+        )
+    else:
+        if shared_vocabulary:
+            encoder_sizes["sequence_length"] = sequence_length
+        encoder = TransformerEncoderBackbone(
+            **encoder_sizes,
+            position=position,
+            normalize_first=normalize_first,
+            **_translator_embedding_settings(source_dim),
+        )
+    decoder = TransformerDecoderBackbone(
+        **_decoder_sizes(
+            target_vocabulary_size,
+            sequence_length,
+            embedding_dim,
+            num_decoder_layers,
+            num_heads,
+            intermediate_dim,
+            dropout,
+            position,
+            # A pretrained (post-norm) encoder gets a pre-norm decoder.
+            normalize_first=normalize_first or bert,
+            encoder_dim=source_dim,
+        ),
+        token_embedding=encoder.embedding if shared_vocabulary else None,
+    )
+    return encoder, decoder
+
+
+def _given_backbones(backbone, decoder_backbone, shared_vocabulary):
+    """The encoder and decoder backbones given to the constructor, checked;
+    with a shared vocabulary the decoder (a config, or None for the
+    encoder's sizes) is built on the encoder's embedding."""
+    BackboneTask.check_backbone("backbone", backbone, TransformerEncoderBackbone)
+    if shared_vocabulary:
+        if isinstance(decoder_backbone, keras.Model):
+            if decoder_backbone.embedding is not backbone.embedding:
+                raise ValueError(
+                    "With shared_vocabulary=True the decoder backbone must be "
+                    "built on the encoder's embedding "
+                    "(token_embedding=backbone.embedding). Received: a "
+                    "decoder_backbone with its own embedding"
+                )
+        else:
+            raise ValueError(
+                "With shared_vocabulary=True pass a decoder_backbone built with "
+                "token_embedding=backbone.embedding. Received: "
+                f"decoder_backbone={decoder_backbone!r}"
+            )
+    BackboneTask.check_backbone(
+        "decoder_backbone", decoder_backbone, TransformerDecoderBackbone
+    )
+    if not decoder_backbone.cross_attention:
+        raise ValueError(
+            "A translator's decoder backbone attends to the encoder. Received: "
+            "decoder_backbone with cross_attention=False"
+        )
+    width = decoder_backbone.encoder_dim or decoder_backbone.embedding_dim
+    if width != backbone.embedding_dim:
+        raise ValueError(
+            "The decoder backbone's `encoder_dim` must be the encoder's width. "
+            f"Received: encoder_dim={width}, the encoder's "
+            f"embedding_dim={backbone.embedding_dim}"
+        )
+    return backbone, decoder_backbone

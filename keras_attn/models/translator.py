@@ -45,6 +45,11 @@ class Translator(keras.Model):
             and `export` (None for a network used on token ids only).
     """
 
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict` on token ids (raw strings: `translate`)."""
+        _task.refuse_text_predict(self, x, "`translate(texts)`")
+        return super().predict(x, *args, **kwargs)
+
     # -- decoding over token ids (any backend) ---------------------------------
 
     def decoding_fn(
@@ -310,6 +315,94 @@ class Translator(keras.Model):
             ],
         )
 
+    # -- TF Serving ------------------------------------------------------------
+
+    # `model_kind` in the export's metadata: each subclass names its kind.
+    model_kind: str | None = None
+
+    def alignment_description(self) -> str:
+        """What the export's `alignment` output is (each subclass says)."""
+        return "the alignment of `attention_maps`, teacher-forced"
+
+    def serving_spec(
+        self,
+        max_length: int | None = None,
+        beam_width: int = 4,
+        length_penalty: float = 1.0,
+        nearest_neighbors=None,
+    ):
+        """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
+        (which `keras_attn.export.export_task` writes) of `serving_default`
+        (`text` -> `translation`) and `translate_with_alignment`, with
+        `export`'s options (see `keras_attn.export.export_translator`). The
+        metadata's `model_kind` and `alignment` are the class's
+        (`model_kind`, `alignment_description()`).
+        """
+        from keras_attn.export._common import TEXT_SPEC
+        from keras_attn.export.task import Endpoint, ServingSpec
+        from keras_attn.export.translator import (
+            SAMPLE_SOURCES,
+            translator_serving_fns,
+        )
+
+        if self.model_kind is None:
+            raise ValueError(
+                f"{type(self).__name__} must name its kind for the export: set "
+                "the class attribute `model_kind`. Received: model_kind=None"
+            )
+        max_length = self._translation_length(max_length)
+        translate, translate_with_alignment, tracked = translator_serving_fns(
+            self, max_length, beam_width, length_penalty, nearest_neighbors
+        )
+        text = {"text": "string [batch]"}
+        samples = {"text": list(SAMPLE_SOURCES)}
+        translation = {"translation": "string [batch]"}
+        endpoints = {
+            "serving_default": Endpoint(
+                translate, [TEXT_SPEC], text, translation, samples
+            ),
+            "translate_with_alignment": Endpoint(
+                translate_with_alignment,
+                [TEXT_SPEC],
+                text,
+                {
+                    **translation,
+                    "source_tokens": "string [batch, S]",
+                    "translation_tokens": "string [batch, T]",
+                    "alignment": "float32 [batch, T, S]",
+                },
+                samples,
+            ),
+        }
+        knn = nearest_neighbors
+        metadata = {
+            "model_kind": self.model_kind,
+            "source_tokenizer": type(self.source_tokenizer).__name__,
+            "max_length": max_length,
+            "beam_width": beam_width,
+            "length_penalty": length_penalty,
+            "length_penalty_formula": "log P / ((5 + length) / 6) ** length_penalty",
+            "nearest_neighbors": None
+            if knn is None
+            else {
+                "k": knn.k,
+                "temperature": knn.temperature,
+                "lambda": knn.lam,
+                "datastore_entries": len(knn.datastore),
+                "key_dtype": knn.key_dtype,
+                "formula": "(1 - lambda) p_model + lambda softmax(-d / temperature) "
+                "over the k nearest datastore keys' tokens",
+            },
+            "alignment": self.alignment_description(),
+        }
+        return ServingSpec(
+            task="translation",
+            model_name="translator",
+            endpoints=endpoints,
+            resources=tracked,
+            metadata=metadata,
+        )
+
     def export(
         self,
         base_dir,
@@ -321,15 +414,16 @@ class Translator(keras.Model):
         nearest_neighbors=None,
     ):
         """Export for TF Serving, strings in and translations out:
-        `keras_attn.export.export_translator(self, ...)` (see there). Returns
-        the version directory `<base_dir>/<model_name>/<version>/`.
+        `keras_attn.export.export_translator(self, ...)` (see there), which is
+        `export_task` of `serving_spec`. Returns the version directory
+        `<base_dir>/<model_name>/<version>/`.
 
         This replaces `keras.Model.export`; `keras.Model.export(model, path)`
         still writes Keras' plain SavedModel of the token-id network.
         """
-        from keras_attn.export.translator import export_translator
+        from keras_attn.export.task import export_task
 
-        return export_translator(
+        return export_task(
             self,
             base_dir,
             model_name=model_name,

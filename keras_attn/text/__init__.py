@@ -10,6 +10,9 @@
 - `translation_dataset`, `classification_dataset`, `language_model_dataset`:
   batched, padded (id 0), bucketed, cached, shuffled and prefetched
   `tf.data.Dataset`s for `model.fit`.
+- `TextClassifierPreprocessor`, `LanguageModelPreprocessor`,
+  `TranslatorPreprocessor`: strings -> a task's inputs, as Keras layers that
+  map a `tf.data.Dataset` (keras-hub's preprocessors; `task.preprocessor`).
 - `with_cardinality(dataset)`: the same dataset with its number of batches
   counted, so `fit` knows the epoch's length (and does not warn that the
   input "ran out of data").
@@ -29,6 +32,11 @@ from keras_attn.text.pipelines import (  # noqa: E402
     translation_dataset,
     with_cardinality,
 )
+from keras_attn.text.preprocessors import (  # noqa: E402
+    LanguageModelPreprocessor,
+    TextClassifierPreprocessor,
+    TranslatorPreprocessor,
+)
 from keras_attn.text.tokenizer import SubwordTokenizer  # noqa: E402
 from keras_attn.text.vocabulary import (  # noqa: E402
     END_ID,
@@ -44,7 +52,10 @@ __all__ = [
     "PAD_ID",
     "START_ID",
     "UNK_ID",
+    "LanguageModelPreprocessor",
     "SubwordTokenizer",
+    "TextClassifierPreprocessor",
+    "TranslatorPreprocessor",
     "WordPieceTokenizer",
     "classification_dataset",
     "language_model_dataset",

@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn.datasets.splits import Document
+from keras_attn.text.preprocessors import pack_target
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import END_ID, PAD_ID, START_ID
 
@@ -122,11 +123,7 @@ def translation_dataset(
         def tokenize(source, target):
             encoder = tokenize_source(source)[:, :max_length]  # (B, None)
             target_ids = tokenize_target(target)  # (B, None)
-            rows = target_ids.nrows()
-            start = tf.fill([rows, 1], START_ID)
-            end = tf.fill([rows, 1], END_ID)
-            full = tf.concat([start, target_ids, end], axis=1)[:, : target_length + 1]
-            return encoder, full[:, :-1], full[:, 1:]
+            return (encoder, *pack_target(target_ids, target_length))
 
         return tokenize
 

@@ -1,15 +1,23 @@
-"""Training: callbacks, `fit` within a time budget, distribution, precision
-and losses.
+"""Training: callbacks, `fit` within a time budget, the optimizer,
+ensembles, evaluation recipes, distribution, precision and losses.
 
 - Callbacks: `TimeBudget` (a wall-clock budget that survives interruptions),
   `BudgetCosineDecay` (warm-up, hold, cosine decay to the end of the epochs
   or of the budget), `SwapEMAWeights` (validate and end with the moving
   average of the weights), `StopAtStep`, and `standard_callbacks`.
 - `fit_within_budget`: `fit` with all of them, resumable, the best
-  checkpoint loaded at the end.
+  checkpoint loaded at the end; `fit_ensemble`: several such fits, one per
+  member of an ensemble, within one budget.
+- `make_optimizer`: AdamW with a moving average of the weights on request.
+- Evaluation recipes: `bits_per_character`, `perplexity`,
+  `language_model_metrics` (both from `score`), `translation_scores`,
+  `choose_length_penalty` (the beam's, on held-out pairs).
 - Distribution: `make_strategy`, `patch_keras_for_multi_worker`, `is_chief`.
 - Precision: `resolve_mixed_precision`.
 - Losses: `SmoothedSparseCrossentropy`.
+
+Imports no TensorFlow. The named model sizes and training defaults these
+take are `keras_attn.models.configs`.
 """
 
 from keras_attn.training.callbacks import (
@@ -25,8 +33,17 @@ from keras_attn.training.distribution import (
     make_strategy,
     patch_keras_for_multi_worker,
 )
+from keras_attn.training.ensembles import EnsembleFit, fit_ensemble
+from keras_attn.training.evaluation import (
+    bits_per_character,
+    choose_length_penalty,
+    language_model_metrics,
+    perplexity,
+    translation_scores,
+)
 from keras_attn.training.fit import FitResult, fit_within_budget
 from keras_attn.training.losses import SmoothedSparseCrossentropy
+from keras_attn.training.optimizers import make_optimizer
 from keras_attn.training.precision import (
     MIXED_PRECISION_CHOICES,
     cpu_supports_bfloat16,
@@ -38,17 +55,25 @@ __all__ = [
     "MIXED_PRECISION_CHOICES",
     "STRATEGY_CHOICES",
     "BudgetCosineDecay",
+    "EnsembleFit",
     "FitResult",
     "SmoothedSparseCrossentropy",
     "StopAtStep",
     "SwapEMAWeights",
     "TimeBudget",
+    "bits_per_character",
+    "choose_length_penalty",
     "cpu_supports_bfloat16",
+    "fit_ensemble",
     "fit_within_budget",
     "gpu_available",
     "is_chief",
+    "language_model_metrics",
+    "make_optimizer",
     "make_strategy",
     "patch_keras_for_multi_worker",
+    "perplexity",
     "resolve_mixed_precision",
     "standard_callbacks",
+    "translation_scores",
 ]

@@ -31,13 +31,22 @@ class TimeBudget(keras.callbacks.Callback):
     `standard_callbacks` calls `forget()` when no backup is left (a new run,
     or one whose training state was cleared), so such a run gets the whole
     budget.
+
+    `clock`: a function that returns the time in seconds (default:
+    `time.monotonic`, read at every call); tests and examples pass one of
+    their own, so that what they show does not depend on the machine's
+    speed.
     """
 
     def __init__(
-        self, minutes: float | None, state_path: str | os.PathLike | None = None
+        self,
+        minutes: float | None,
+        state_path: str | os.PathLike | None = None,
+        clock=None,
     ):
         super().__init__()
         self.budget = None if minutes is None else float(minutes) * 60.0
+        self.clock = clock
         self.state_path = Path(state_path) if state_path else None
         self.spent_before = 0.0
         if self.state_path and self.state_path.exists():
@@ -50,11 +59,15 @@ class TimeBudget(keras.callbacks.Callback):
         self._last_batch_end = None
         self._closing_since = None
 
+    def now(self) -> float:
+        """The clock's time in seconds."""
+        return (self.clock or time.monotonic)()
+
     @property
     def seconds(self) -> float:
         if self.started is None:
             return self.spent_before
-        return self.spent_before + time.monotonic() - self.started
+        return self.spent_before + self.now() - self.started
 
     @property
     def reserve(self) -> float:
@@ -70,18 +83,18 @@ class TimeBudget(keras.callbacks.Callback):
     def start(self) -> None:
         """Start the clock (once; later calls keep the first start)."""
         if self.started is None:
-            self.started = time.monotonic()
+            self.started = self.now()
 
     def on_train_begin(self, logs=None):
         self.start()
 
     def on_test_begin(self, logs=None):
-        self._validation_started = time.monotonic()
+        self._validation_started = self.now()
 
     def on_test_end(self, logs=None):
         if self._validation_started is not None:
             self.validation_seconds = max(
-                self.validation_seconds, time.monotonic() - self._validation_started
+                self.validation_seconds, self.now() - self._validation_started
             )
             self._validation_started = None
 
@@ -93,12 +106,12 @@ class TimeBudget(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self._closing_since is not None:
             self.closing_seconds = max(
-                self.closing_seconds, time.monotonic() - self._closing_since
+                self.closing_seconds, self.now() - self._closing_since
             )
             self._closing_since = None
 
     def on_train_batch_end(self, batch, logs=None):
-        self._last_batch_end = time.monotonic()
+        self._last_batch_end = self.now()
         if self.budget is not None and self.seconds + self.reserve >= self.budget:
             self.model.stop_training = True
             self.stopped_early = True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 from keras_attn.training.callbacks import (
@@ -23,8 +22,8 @@ class FitResult:
     """What `fit_within_budget` did.
 
     Attributes:
-        seconds: wall-clock seconds of training in this call (0 when a
-            finished fit was found and skipped).
+        seconds: wall-clock seconds of training in this call (by the
+            fit's `clock`; 0 when a finished fit was found and skipped).
         steps: optimizer steps of the whole fit, resumed parts included.
         stopped_by_time_budget: the budget ended training before `epochs`.
         final_train_loss: the training loss of the last epoch (the mean
@@ -61,6 +60,7 @@ def fit_within_budget(
     stoppers: tuple = (),
     tensorboard: bool = True,
     verbose: int = 2,
+    clock=None,
 ) -> FitResult:
     """`fit` for at most `epochs` epochs and `minutes` of wall-clock time,
     resumable, then the best checkpoint (by `monitor` on validation) loaded.
@@ -94,6 +94,9 @@ def fit_within_budget(
             (`EarlyStopping`).
         tensorboard: write TensorBoard logs.
         verbose: Keras' `verbose` of `fit`.
+        clock: the time budget's clock (`TimeBudget`'s `clock`: a function
+            returning seconds; default `time.monotonic`), which also times
+            `FitResult.seconds`.
 
     Returns:
         A `FitResult`.
@@ -102,7 +105,7 @@ def fit_within_budget(
     out_dir.mkdir(parents=True, exist_ok=True)
     best = out_dir / "checkpoints" / "best.weights.h5"
     done = out_dir / DONE_FILE
-    budget = TimeBudget(minutes, out_dir / "budget.json")
+    budget = TimeBudget(minutes, out_dir / "budget.json", clock=clock)
     if done.exists():
         record = json.loads(done.read_text())
         if best.exists():
@@ -146,7 +149,7 @@ def fit_within_budget(
                 hold=lr_hold,
             ),
         )
-    started = time.monotonic()
+    started = budget.now()
     budget.start()
     history = model.fit(
         train_data,
@@ -158,7 +161,7 @@ def fit_within_budget(
         # `shuffle=True` (its default) for a `tf.data.Dataset`.
         shuffle=False,
     )
-    seconds = time.monotonic() - started
+    seconds = budget.now() - started
     losses = history.history.get("loss") or [None]
     result = FitResult(
         seconds=seconds,

@@ -1,7 +1,8 @@
 """What a script's run leaves loads in a fresh process that imports only
 `keras` and `keras_attn`: `model.keras` with its compile config (loss,
-metrics, optimizer) and tokenizers, and every weight file of the run; the
-model then answers raw strings and trains a step with its compiled loss."""
+metrics, optimizer) and tokenizers, its preset (`preset/`, keras-hub's
+layout: the same answers), and every weight file of the run; the model then
+answers raw strings and trains a step with its compiled loss."""
 
 import json
 import os
@@ -24,6 +25,19 @@ FRESH = textwrap.dedent(
     model = keras.saving.load_model(run / "model.keras")  # compile=True
     report = {"class": type(model).__name__, "loss": type(model.loss).__name__}
     texts = ["Where is the station?", "", "KING: To be, or not"]
+    preset = run / "preset"
+    if preset.is_dir():  # the same task, from keras-hub's preset layout
+        again = type(model).from_preset(preset)
+        if hasattr(model, "translate"):
+            same = again.translate(texts, beam_width=2) == model.translate(
+                texts, beam_width=2)
+        elif hasattr(model, "classify"):
+            same = np.allclose(again.predict(texts, verbose=0),
+                               model.predict(texts, verbose=0), atol=1e-6)
+        else:
+            same = np.allclose(again.score(texts)["log_likelihood"],
+                               model.score(texts)["log_likelihood"], atol=1e-5)
+        report["preset"] = bool(same)
     if hasattr(model, "translate"):
         report["answers"] = model.translate(texts, beam_width=2)
         width = 6
@@ -48,6 +62,8 @@ FRESH = textwrap.dedent(
     members = getattr(model, "members", None)
     for path in sorted(run.rglob("*.weights.h5")):
         parts = path.relative_to(run).parts
+        if parts[0] == "preset":  # the backbone's and the head's, loaded above
+            continue
         target = model
         if members is not None and parts[0] == "members":
             target = next(m for m in members if m.name == f"member_{parts[1]}")
@@ -85,4 +101,10 @@ def assert_run_loads_in_a_fresh_process(out, cwd):
     assert report["trained_loss"] == report["trained_loss"]
     # Nothing but keras_attn's own dependencies was imported while loading.
     assert not {"examples", "_cli", "_options", "tests"} & set(report["imported"])
+    # A task on a backbone (not an ensemble, not the RNN) left its preset.
+    if report["class"] in ("TextClassifier", "TransformerTranslator",
+                           "TransformerLanguageModel"):  # fmt: skip
+        assert report["preset"] is True, report
+    else:
+        assert "preset" not in report
     return report

@@ -108,3 +108,43 @@ def test_number_lists_check_their_bounds():
             parse_list(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="> 0"):
         cli.number_list(int, positive=True)("4,0")
+
+
+def test_smoke_splits_take_the_first_of_every_strided_split():
+    from keras_attn.datasets.splits import Splits
+
+    splits = Splits(train=tuple(range(100)), validation=tuple(range(10)), test=())
+    smoke = cli.smoke_splits(splits, (3, 2, 5), (20, 1, 1))
+    assert (smoke.train, smoke.validation, smoke.test) == ((0, 20, 40), (0, 1), ())
+
+
+def test_a_finished_run_writes_metrics_and_prints_the_summary(tmp_path, capsys):
+    from keras_attn.datasets.splits import Splits
+
+    args = parse(["--out", str(tmp_path), "--mixed-precision", "off"])
+    run = cli.start_run(args)
+    assert run.out == tmp_path and run.policy == "float32"
+    cli.write_translations(
+        tmp_path / "t.tsv",
+        {"sources": ["a"], "references": ["b"], "hypotheses": ["c"]},
+    )
+    assert (tmp_path / "t.tsv").read_text() == "a\tb\tc\n"
+    splits = Splits(train=(1, 2), validation=(3,), test=(4,))
+    metrics = {"test_bleu": 1.5, "train_seconds": 60.0}
+    cli.finish(
+        run,
+        args,
+        metrics,
+        splits,
+        [("test BLEU", 1.5)],
+        title="t",
+        export=None,
+        plots=[],
+    )
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written["metrics"] == metrics
+    assert written["splits"] == {"train": 2, "validation": 1, "test": 1}
+    summary = capsys.readouterr().out
+    assert summary.index("test BLEU") < summary.index("training minutes")
+    lines = [line.split() for line in summary.splitlines()]
+    assert ["export", "-"] in lines and ["plots", "-"] in lines

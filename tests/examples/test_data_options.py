@@ -287,3 +287,58 @@ def test_knn_phrases_need_the_default_data(capsys):
         "--knn-phrases adds the Ding phrase pairs and needs the default data. "
         "Received: --data pairs.tsv"
     ) in capsys.readouterr().err
+
+
+def test_the_scripts_defaults_are_the_named_configurations():
+    """The sizes and recipes of keras_attn.models.configs, not copies."""
+    from keras_attn.models import configs
+
+    scratch = configs.config("translator", "base")
+    args = load_script("translate").parse_args(["--pretrained", "none"])
+    assert (args.learning_rate, args.lr_hold, args.dropout) == (
+        scratch["training"]["learning_rate"],
+        scratch["training"]["lr_hold"],
+        scratch["model"]["dropout"],
+    )
+    assert (args.vocabulary_size, args.max_length, args.batch_size) == (
+        scratch["data"]["vocabulary_size"],
+        scratch["data"]["max_length"],
+        scratch["training"]["batch_size"],
+    )
+    classifier = configs.config("text_classifier", "small")
+    args = load_script("sentiment").parse_args(["--pretrained", "none"])
+    assert (args.embedding_dim, args.ensemble, args.weight_decay) == (
+        classifier["model"]["embedding_dim"],
+        classifier["training"]["ensemble"],
+        classifier["training"]["weight_decay"],
+    )
+    model = configs.config("language_model", "small")
+    args = load_script("language_model").parse_args([])
+    assert (args.num_layers, args.sequence_length, args.learning_rate) == (
+        model["model"]["num_layers"],
+        model["model"]["sequence_length"],
+        model["training"]["learning_rate"],
+    )
+
+
+def test_the_translator_is_built_from_its_configuration(small_tokenizer):
+    from keras_attn.models import RNNTranslator, TransformerTranslator, configs
+
+    script = load_script("translate")
+    tokenizers = {
+        "source_tokenizer": small_tokenizer,
+        "target_tokenizer": small_tokenizer,
+    }
+    size = small_tokenizer.vocabulary_size
+    for argv, task, cls in [
+        (
+            ["--pretrained", "none", "--size", "small"],
+            "translator",
+            TransformerTranslator,
+        ),
+        (["--model", "rnn", "--size", "small"], "rnn_translator", RNNTranslator),
+    ]:
+        model = script.build(script.parse_args(argv), tokenizers)
+        config = configs.config(task, argv[-1])["model"]
+        reference = cls(size, size, **config)
+        assert type(model) is cls and model.count_params() == reference.count_params()

@@ -40,8 +40,8 @@ def assert_bad_requests_leave_no_trace(server, signature, input_name, good):
 
     import numpy as np
 
-    from keras_attn.export.predict_protocol import response_arrays
-    from keras_attn.export.serving import predict_request
+    from keras_attn.export._predict import response_arrays
+    from serving_standin import predict_request
 
     def ask(batch):
         request = predict_request(server.model_name, signature, {input_name: batch})

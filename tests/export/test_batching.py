@@ -2,7 +2,8 @@
 exports' answers.
 
 The parameters are checked against TF Serving's own `BatchingParameters`
-schema and validation rules. `run_batched` and `StandInServer` are the
+schema and validation rules. `run_batched` and `StandInServer`
+(`serving_standin/`, test tooling outside the installed package) are the
 project's stand-in for the server's BatchingSession (merge, pad to an allowed
 size, split): the tests on them check that the exports' outputs survive that
 merging, not the server itself.
@@ -19,10 +20,9 @@ from keras_attn.export.batching import (
     BATCHING_PARAMS_FILE,
     TASK_BATCHING,
     BatchingConfig,
-    BatchingError,
-    run_batched,
     task_batching,
 )
+from serving_standin.batching import BatchingError, run_batched
 
 CONFIG = BatchingConfig(
     max_batch_size=64,
@@ -125,7 +125,7 @@ def test_export_answers_do_not_depend_on_the_merged_batch(small_translator_expor
     (`max_length` tokens), so a request's answer under batching is its
     answer alone: same shapes, same strings, floats to rounding, also for a
     request split over several merged batches."""
-    from keras_attn.export.serving import StandInServer, predict_request
+    from serving_standin import StandInServer, predict_request
 
     path = small_translator_export
     written = (path / BATCHING_PARAMS_FILE).read_text()

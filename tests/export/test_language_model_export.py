@@ -104,7 +104,7 @@ def test_bad_input_on_the_export(exported):
 def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(
     exported, signature, input_name
 ):
-    from keras_attn.export.serving import StandInServer
+    from serving_standin import StandInServer
 
     _, _, path = exported
     with StandInServer(path) as server:

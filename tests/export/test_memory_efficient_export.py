@@ -95,7 +95,7 @@ def test_scores_equal_the_explicit_path(exported):
     ("signature", "input_name"), [("serving_default", "prompt"), ("score", "text")]
 )
 def test_bad_requests_leave_no_trace(exported, signature, input_name):
-    from keras_attn.export.serving import StandInServer
+    from serving_standin import StandInServer
 
     _, _, path, _ = exported
     with StandInServer(path) as server:

@@ -1,9 +1,12 @@
 """The stand-in's Predict API and REST conversions against the rules of TF
 Serving's sources they follow (predict_util.cc, saved_model::GetInputValues,
-json_tensor.cc). These test the project's stand-in for the server, which
-the REST and gRPC examples of docs/SERVING.md run against; the requests it
-refuses are refused before the graph runs, as in the server, and a good
-request afterwards is answered as before."""
+json_tensor.cc). These test the project's stand-in for the server
+(`serving_standin/`, test tooling outside the installed package), which the
+REST and gRPC examples of docs/SERVING.md run against, and the Predict
+checks and float digits it shares with `check_servable`
+(`keras_attn.export._predict`); the requests it refuses are refused before
+the graph runs, as in the server, and a good request afterwards is answered
+as before."""
 
 import base64
 import json
@@ -13,13 +16,13 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
-from keras_attn.export.predict_protocol import (
+from keras_attn.export._predict import (
     PredictError,
     format_float,
     response_arrays,
     tensor_proto_as_field,
 )
-from keras_attn.export.serving import StandInServer, predict_request
+from serving_standin import StandInServer, predict_request
 
 pytestmark = pytest.mark.tf_only
 

@@ -4,7 +4,8 @@ The page's request bodies and client code are executed against small
 exports of each task: the export is the real one, loaded as TF Serving
 loads it; the REST handler, the Predict conversions and (for the gRPC
 client) the service behind a real gRPC channel are the project's stand-in
-for the server (`StandInServer`), not the server.
+for the server (`serving_standin.StandInServer`, test tooling outside the
+installed package), not the server.
 """
 
 import base64
@@ -129,7 +130,7 @@ def same_structure(shown, actual, where="answer"):
 def servers(
     small_sentiment_export, small_translator_export, small_language_model_export
 ):
-    from keras_attn.export.serving import StandInServer
+    from serving_standin import StandInServer
 
     servers = {
         "sentiment": StandInServer(small_sentiment_export),
@@ -174,8 +175,8 @@ class RestHandler(BaseHTTPRequestHandler):
 
 @pytest.mark.tf_only
 def test_the_rest_client_of_the_page_over_http(servers):
-    from keras_attn.export.predict_protocol import response_arrays
-    from keras_attn.export.serving import predict_request
+    from keras_attn.export._predict import response_arrays
+    from serving_standin import predict_request
 
     client = {}
     exec(page_block("def rest_body("), client)
@@ -227,7 +228,7 @@ def test_the_grpc_client_of_the_page_over_a_grpc_channel(servers):
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    from keras_attn.export.predict_protocol import (
+    from keras_attn.export._predict import (
         PredictError,
         tensor_proto_as_field,
     )

@@ -94,7 +94,7 @@ def test_bad_input_on_the_export(exported):
 
 
 def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported):
-    from keras_attn.export.serving import StandInServer
+    from serving_standin import StandInServer
 
     _, _, _, path = exported
     with StandInServer(path) as server:

@@ -151,7 +151,7 @@ def test_bad_input_and_shapes_on_the_export(exported):
 
 @pytest.mark.parametrize("signature", ["serving_default", "translate_with_alignment"])
 def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported, signature):
-    from keras_attn.export.serving import StandInServer
+    from serving_standin import StandInServer
 
     with StandInServer(exported) as server:
         assert_bad_requests_leave_no_trace(

@@ -421,13 +421,19 @@ class OldKerasFilesTest(TestCase):
         sizes = {"embedding_dim": 8, "num_heads": 2, "intermediate_dim": 16}
         model = model_class(sequence_length=8, **sizes, **init)
         config = model.get_config()
-        self.assertEqual(config["block_structure"], "keras_hub")
+        backbone_configs = [
+            config[key]["config"]
+            for key in ("backbone", "decoder_backbone")
+            if key in config
+        ]
+        for backbone_config in backbone_configs:
+            self.assertEqual(backbone_config["block_structure"], "keras_hub")
 
         def block_class_names(model):
             return {
-                type(layer).__name__
-                for layer in model.layers
-                if isinstance(layer, (TransformerEncoder, TransformerDecoder))
+                type(block).__name__
+                for backbone in model.backbones
+                for block in backbone.blocks
             }
 
         new_names = block_class_names(model)
@@ -436,11 +442,19 @@ class OldKerasFilesTest(TestCase):
         restored = model_class.from_config(config)
         self.assertEqual(block_class_names(restored), new_names)
         self.assertEqual(restored.get_config(), config)
-        old_config = {k: v for k, v in config.items() if k != "block_structure"}
+        # A config of keras-attn 0.2: the sizes at the top, no block structure.
+        old_config = {"name": model.name, **init, "sequence_length": 8, **sizes}
         old = model_class.from_config(old_config)
         self.assertEqual(block_class_names(old), {name + "Block" for name in new_names})
-        self.assertEqual(old.get_config(), old_config)  # saves as it loaded
+        # It saves its blocks as it loaded them, and reloads them so.
+        saved = old.get_config()
+        for key in ("backbone", "decoder_backbone"):
+            if key in saved:
+                self.assertNotIn("block_structure", saved[key]["config"])
+        self.assertEqual(
+            block_class_names(model_class.from_config(saved)), block_class_names(old)
+        )
         with self.assertRaisesRegex(
             ValueError, r"block_structure.*Received: block_structure='other'"
         ):
-            model_class.from_config({**config, "block_structure": "other"})
+            model_class.from_config({**old_config, "block_structure": "other"})

@@ -1,8 +1,9 @@
-"""2,000 texts through every task method in flat memory.
+"""2,000 (and, marked `large`, 10,000) texts through every task method in
+flat memory.
 
 Each method runs in a fresh process on small models built there: first on
 200 texts (which compiles what it needs and reaches every length bucket the
-texts have), then on 2,000 texts drawn from the same sentences. The process's
+texts have), then on 2,000 (10,000) texts drawn from the same sentences. The process's
 peak resident memory (`ru_maxrss`) after each is compared: in batches, the
 2,000 texts need only their answers more (kilobytes), so the peak hardly
 moves; one pass over the whole list (what `classify` did before it batched)
@@ -22,7 +23,7 @@ from tests.test_case import REPO_ROOT
 
 pytestmark = pytest.mark.tf_only  # the tokenizers run TensorFlow Text
 
-SMALL, LARGE = 200, 2000
+SMALL, LARGE, LARGEST = 200, 2000, 10_000
 # Flat: the peak moves by the answers and the allocator's noise (measured
 # here: a few MiB to a few tens of MiB). Linear: one pass over 1,800 more
 # texts of up to 128 tokens holds, per encoder block, attention weights of
@@ -40,8 +41,8 @@ SCRIPT = textwrap.dedent(
     )
     from keras_attn.text import SubwordTokenizer
 
-    method, vocabulary, texts_file, control = sys.argv[1:5]
-    texts = json.load(open(texts_file))
+    method, vocabulary, texts_file, control, count = sys.argv[1:6]
+    texts = json.load(open(texts_file))[: int(count)]
     tokenizer = SubwordTokenizer(vocabulary)
     size = tokenizer.vocabulary_size
     blocks = dict(num_heads=4, intermediate_dim=128, dropout=0.0)
@@ -49,6 +50,10 @@ SCRIPT = textwrap.dedent(
         model = TextClassifier(size, 128, embedding_dim=64, num_layers=1,
                                tokenizer=tokenizer, **blocks)
         run = lambda texts, **kw: model.classify(texts, **kw)["label"]
+    elif method == "predict":  # raw strings, as keras-hub's classifiers
+        model = TextClassifier(size, 128, embedding_dim=64, num_layers=1,
+                               tokenizer=tokenizer, **blocks)
+        run = lambda texts, **kw: model.predict(texts, **kw)
     elif method == "translate":
         model = TransformerTranslator(
             size, size, sequence_length=129, embedding_dim=64,
@@ -81,14 +86,14 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def inputs(english_sentences, small_tokenizer, tmp_path_factory):
-    """The tokenizer's file and 2,000 texts of 3 sentences each (up to ~128
+    """The tokenizer's file and 10,000 texts of 3 sentences each (up to ~128
     tokens), every sentence among the first 200 texts."""
     directory = tmp_path_factory.mktemp("scale")
     vocabulary = small_tokenizer.save_proto(directory / "vocabulary.model")
     pool = sorted(set(english_sentences))
     texts = [
         " ".join(pool[(index + step * 7) % len(pool)] for step in range(3))
-        for index in range(LARGE)
+        for index in range(LARGEST)
     ]
     assert len(pool) <= SMALL
     path = directory / "texts.json"
@@ -96,17 +101,17 @@ def inputs(english_sentences, small_tokenizer, tmp_path_factory):
     return vocabulary, path
 
 
-def peak_growth(method, inputs, tmp_path, control=False):
-    """MiB the peak resident memory grew from 200 to 2,000 texts."""
+def peak_growth(method, inputs, tmp_path, control=False, count=LARGE):
+    """MiB the peak resident memory grew from 200 to `count` texts."""
     vocabulary, texts = inputs
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, method, str(vocabulary), str(texts),
-         "1" if control else "0"],
+         "1" if control else "0", str(count)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO_ROOT},
-        timeout=600,
+        timeout=1800,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
@@ -114,9 +119,18 @@ def peak_growth(method, inputs, tmp_path, control=False):
     return found["after"] - found["before"]
 
 
-@pytest.mark.parametrize("method", ["classify", "translate", "generate", "score"])
+METHODS = ["classify", "predict", "translate", "generate", "score"]
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_memory_stays_flat_from_200_to_2000_texts(method, inputs, tmp_path):
     assert peak_growth(method, inputs, tmp_path) < BOUND_MIB
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("method", METHODS)
+def test_memory_stays_flat_from_200_to_10000_texts(method, inputs, tmp_path):
+    assert peak_growth(method, inputs, tmp_path, count=LARGEST) < BOUND_MIB
 
 
 def test_the_bound_tells_one_pass_over_every_text_from_batches(inputs, tmp_path):

@@ -30,8 +30,8 @@ def test_padding_does_not_change_the_prediction(pooling):
         np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
         # The pooling weights are those of the pooling layer on the encoder's
         # output, the functional graph's own.
-        sequence = model.pooling.input  # [sequence, mask] with its Keras mask
-        encoder = keras.Model(model.input, sequence[0])
+        sequence = model.pooling.input  # the backbone's output, Keras-masked
+        encoder = keras.Model(model.input, sequence)
         _, expected = model.pooling(
             encoder(TOKENS), mask=TOKENS != 0, return_attention_scores=True
         )
@@ -63,7 +63,7 @@ def test_self_attention_of_every_encoder_block(embedding_norm):
     np.testing.assert_array_equal(last[0, :, :, 3:], 0.0)  # padding as keys
     np.testing.assert_array_equal(last[0, :, 3:], 0.0)  # padding as queries
     # The block's own weights on its real input: layer 1 sees layer 0's output.
-    below = keras.Model(model.input, model.encoder_blocks[0].output)
+    below = keras.Model(model.backbone.input, model.encoder_blocks[0].output)
     _, expected = model.encoder_blocks[1](
         below(TOKENS), padding_mask=TOKENS != 0, return_attention_scores=True
     )

@@ -3,7 +3,9 @@
     python tests/package/check_dist.py DIST_DIR
 
 The wheel holds the package with `py.typed`, and LICENSE and NOTICE in its
-metadata, and no tests, examples or benchmarks; its metadata asks for Keras
+metadata, and no tests, examples, benchmarks or test tooling
+(`serving_standin`); its modules are those of keras_attn/ in the checkout
+(none left over from an earlier build); its metadata asks for Keras
 and NumPy only, Python >= 3.11, and offers the extras; the sdist holds
 LICENSE, NOTICE and CHANGELOG.md. Not collected by pytest. Exits non-zero on
 any failure.
@@ -19,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 EXTRAS = {"text", "export", "visualize", "examples", "dev"}
+REPO = Path(__file__).resolve().parents[2]
 
 
 def check_wheel(wheel: Path) -> None:
@@ -35,6 +38,14 @@ def check_wheel(wheel: Path) -> None:
     stray = sorted({n.split("/")[0] for n in names} - {"keras_attn"})
     stray = [n for n in stray if not n.endswith(".dist-info")]
     assert not stray, f"the wheel holds more than keras_attn: {stray}"
+    modules = {n for n in names if n.endswith(".py")}
+    source = {
+        p.relative_to(REPO).as_posix() for p in (REPO / "keras_attn").rglob("*.py")
+    }
+    assert modules == source, (
+        "the wheel's modules are not keras_attn/'s (a stale build/lib?): "
+        f"{sorted(modules ^ source)}"
+    )
 
     core = sorted(
         re.split(r"[ <>=!;\[(]", requirement, maxsplit=1)[0].lower()

@@ -73,6 +73,11 @@ SCRIPT = BLOCK_TENSORFLOW + textwrap.dedent(
         source, (source[:, 0] % 2).astype("float32"), "binary_crossentropy",
     )
     report["text_classifier"]["maps"] = sorted(classifier.attention_maps(source))
+    # Presets (keras-hub's layout) save and load without TensorFlow.
+    classifier.save_to_preset(os.path.join(tmp, "preset"))
+    again = TextClassifier.from_preset(os.path.join(tmp, "preset"))
+    same = np.allclose(np.asarray(again(source)), np.asarray(classifier(source)))
+    report["text_classifier"]["preset"] = bool(same)
     ensemble = TextClassifierEnsemble([
         TextClassifier(30, 8, embedding_dim=8, num_layers=1, num_heads=2,
                        intermediate_dim=16, name=f"member_{i}") for i in range(2)
@@ -128,6 +133,7 @@ def test_networks_build_train_decode_and_save_on_jax_without_tensorflow(tmp_path
     assert report["rnn_translator"]["decoded"] == [4, 6]
     assert report["knn_decoded"] == [4, 6]
     assert report["text_classifier"]["maps"] == ["pooling", "self_attention"]
+    assert report["text_classifier"]["preset"]
     assert report["ensemble"] == [4, 1]
     assert report["language_model"]["generated"] == [4, 10]
     assert report["language_model"]["scored"] == [4]

@@ -250,7 +250,7 @@ def test_lr_hold_out_of_range_is_an_error(capsys):
     assert "--lr-hold must be in [0, 1)" in capsys.readouterr().err
 
 
-def fit_tiny_model(out, epochs, callbacks=(), **kwargs):
+def fit_tiny_model(out, epochs, callbacks=(), minutes=10.0, **kwargs):
     """`fit_within_budget` on a tiny regression; `callbacks` run first."""
     import tensorflow as tf
 
@@ -265,7 +265,7 @@ def fit_tiny_model(out, epochs, callbacks=(), **kwargs):
     x, y = np.ones((8, 2), "float32"), np.zeros((8, 1), "float32")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
     return training.fit_within_budget(
-        model, data, data, out, epochs=epochs, minutes=10.0, verbose=0, **kwargs
+        model, data, data, out, epochs=epochs, minutes=minutes, verbose=0, **kwargs
     )
 
 
@@ -332,3 +332,39 @@ def test_max_steps_stops_mid_epoch_and_ends_the_schedule_there(tmp_path):
     assert result.steps == 3  # not the 10 of 5 epochs, nor the 4 of 2
     # The cosine runs over the 3 steps: 1, cos(pi / 3) share, cos(2 pi / 3).
     np.testing.assert_allclose(rates, [1.0, 0.75, 0.25], atol=1e-6)
+
+
+class TickingClock:
+    """A clock that moves `step` seconds every time it is read."""
+
+    def __init__(self, step):
+        self.now, self.step = 0.0, step
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+
+def test_the_budget_reads_the_clock_it_is_given(monkeypatch):
+    # The machine's clock is not read at all.
+    monkeypatch.setattr(callbacks_module.time, "monotonic", lambda: 1 / 0)
+    clock = Clock()
+    budget = TimeBudget(minutes=1.0, clock=clock)
+    budget.start()
+    clock.now += 30
+    assert budget.seconds == 30.0 and budget.now() == clock.now
+
+
+@pytest.mark.tf_only
+def test_fit_within_budget_stops_by_the_given_clock_on_any_machine(tmp_path):
+    """A clock that moves a minute at every reading ends a one-minute fit
+    after its first step; a stopped clock never ends one. Neither depends
+    on how fast the machine trains."""
+    hurried = fit_tiny_model(
+        tmp_path / "a", epochs=5, minutes=1.0, clock=TickingClock(60.0)
+    )
+    assert hurried.stopped_by_time_budget and hurried.steps == 1
+    assert hurried.seconds > 0  # timed by the same clock
+    stopped = fit_tiny_model(tmp_path / "b", epochs=2, minutes=1e-6, clock=lambda: 0.0)
+    assert not stopped.stopped_by_time_budget and stopped.steps == 4
+    assert stopped.seconds == 0.0

@@ -1,16 +1,11 @@
 """`StandInServer`: the project's stand-in for `tensorflow_model_server`.
 
-No package registry ships TF Serving's model server, so the tests, the
-benchmark and the scripts that write the documented responses answer
-requests with this instead. What it runs is the export itself, loaded as the
-server loads it (the TF1 loader with the `serve` tag, in a session of its
-own); what it re-implements is the server's side around the graph: the
-Predict API's checks and conversions and the REST JSON forms
-(`predict_protocol`), and the merging of requests that arrive together
-(`batching.run_batched`). A result about the export (a signature fails, an
-output has the wrong shape) holds for the server; a result about the
-conversions or the batching holds for this stand-in, which follows the
-server's sources but is not the server.
+What it runs is the export itself, loaded as the server loads it (the TF1
+loader with the `serve` tag, in a session of its own); what it re-implements
+is the server's side around the graph: the Predict API's checks and
+conversions (`keras_attn.export._predict`, which the servability check
+shares), the REST JSON forms (`rest`) and the merging of requests that
+arrive together (`batching.run_batched`).
 """
 
 from __future__ import annotations
@@ -20,9 +15,13 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from keras_attn.export import predict_protocol
-from keras_attn.export.batching import BatchingConfig, BatchingError, run_batched
-from keras_attn.export.predict_protocol import PredictError
+from keras_attn.export import _predict
+from keras_attn.export._common import read_metadata
+from keras_attn.export._predict import PredictError
+from keras_attn.export.batching import BATCHING_PARAMS_FILE, BatchingConfig
+from keras_attn.export.check import resolve_version_dir
+from serving_standin import rest as rest_protocol
+from serving_standin.batching import BatchingError, run_batched
 
 # TF Serving's HTTP status for each error code (util/status_util.cc).
 HTTP_STATUS = {
@@ -56,10 +55,6 @@ class StandInServer:
 
     def __init__(self, path, model_name: str | None = None, batching=None):
         import tensorflow_text  # noqa: F401 - registers the tokenizers' ops
-
-        from keras_attn.export._common import read_metadata
-        from keras_attn.export.batching import BATCHING_PARAMS_FILE
-        from keras_attn.export.check import resolve_version_dir
 
         self.path = resolve_version_dir(path)
         self.version = int(self.path.name)
@@ -103,14 +98,14 @@ class StandInServer:
     def predict(self, request):
         """The `PredictResponse` for `request`; raises `PredictError`."""
         self._check_model(request)
-        return predict_protocol.run_predict(
+        return _predict.run_predict(
             self._session, self.meta_graph, request, self.version, run=self._run
         )
 
     def predict_together(self, requests: list) -> list:
         """Requests arriving together, merged as the server's batching merges
-        them (`batching.run_batched`, one merged run per signature and set of
-        outputs). Returns, per request, its `PredictResponse`, or the
+        them (`batching.run_batched`, one merged run per signature and set
+        of outputs). Returns, per request, its `PredictResponse`, or the
         `PredictError` / `BatchingError` the server would answer it with."""
         if self.batching is None:
             raise ValueError(
@@ -122,11 +117,9 @@ class StandInServer:
         for index, request in enumerate(requests):
             try:
                 self._check_model(request)
-                name, signature = predict_protocol.signature_for(
-                    self.meta_graph, request
-                )
-                feeds = predict_protocol.request_feeds(signature, request)
-                aliases = predict_protocol.output_names(signature, request)
+                name, signature = _predict.signature_for(self.meta_graph, request)
+                feeds = _predict.request_feeds(signature, request)
+                aliases = _predict.output_names(signature, request)
             except PredictError as error:
                 answers[index] = error
                 continue
@@ -161,21 +154,19 @@ class StandInServer:
         response.model_spec.version.value = self.version
         for alias, value in arrays.items():
             response.outputs[alias].CopyFrom(
-                predict_protocol.tensor_proto_as_field(np.asarray(value))
+                _predict.tensor_proto_as_field(np.asarray(value))
             )
         return response
 
     def rest(self, body) -> tuple[int, str]:
         """`(HTTP status, JSON text)` for a REST `:predict` body."""
         try:
-            request, form = predict_protocol.rest_to_request(
+            request, form = rest_protocol.rest_to_request(
                 body, self.model_name, self.meta_graph
             )
-            return 200, predict_protocol.response_to_rest(self.predict(request), form)
+            return 200, rest_protocol.response_to_rest(self.predict(request), form)
         except PredictError as error:
-            return HTTP_STATUS.get(error.code, 500), predict_protocol.error_to_rest(
-                error
-            )
+            return HTTP_STATUS.get(error.code, 500), rest_protocol.error_to_rest(error)
 
     def stub(self):
         """A `PredictionServiceStub` look-alike answering through `predict`."""

@@ -1,0 +1,393 @@
+"""Backbones: the Transformer stacks the tasks are made of, one place each.
+
+keras-hub's pattern (https://keras.io/keras_hub/api/base_classes/backbone/):
+a backbone is a functional `keras.Model` from token ids to hidden states with
+no task head, whose constructor arguments are its `get_config`; a task
+(`TextClassifier`, `TransformerTranslator`, `TransformerLanguageModel`) puts
+a head on one (or two) and adds the text methods.
+
+- `TransformerEncoderBackbone`: token and position embedding -> (layer norm,
+  as BERT) -> dropout -> `TransformerEncoder` blocks -> (final layer norm
+  when pre-norm). `from_bert` builds one with BERT's layout and loads a
+  pretrained checkpoint into it.
+- `TransformerDecoderBackbone`: token and position embedding -> dropout ->
+  causal `TransformerDecoder` blocks (with cross-attention to an encoder's
+  states when `cross_attention=True`) -> (final layer norm when pre-norm).
+
+Token id 0 is padding: the embedding's Keras mask reaches every block, and
+the output carries it on. Each backbone's variable paths start with its
+name (`"encoder_backbone/encoder_0/self_attention/query/kernel"`), so the
+two stacks of a translator have distinct paths. Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_attn import _validation as v
+from keras_attn.layers._transformer_block import (
+    block_class,
+    block_structure_config,
+    blocks_of_config,
+)
+from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
+
+POSITIONS = ("sinusoidal", "learned")
+
+
+def _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position):
+    v.check_positive_int("vocabulary_size", vocabulary_size)
+    v.check_positive_int("sequence_length", sequence_length)
+    v.check_positive_int("num_layers", num_layers)
+    v.check_rate("dropout", dropout)
+    v.check_choice("position", position, POSITIONS)
+
+
+class _Backbone(keras.Model):
+    """What the backbones share: the embedding's name for tied heads
+    (`token_embedding`, as keras-hub's `Backbone`), the blocks, and a config
+    of their constructor arguments."""
+
+    def _make_embedding(self, embedding):
+        if embedding is not None:
+            return embedding
+        return TokenAndPositionEmbedding(
+            self._backbone_config["vocabulary_size"],
+            self._backbone_config["sequence_length"],
+            self._backbone_config["embedding_dim"],
+            position=self._backbone_config["position"],
+            mask_zero=True,
+            position_initializer="glorot_uniform",
+            scale_embeddings=self._backbone_config["scale_embeddings"],
+            embeddings_initializer=keras.initializers.get(
+                self._backbone_config["embeddings_initializer"]
+            ),
+            name="embedding",
+        )
+
+    @property
+    def token_embedding(self):
+        """The `TokenAndPositionEmbedding` (`reverse=True` gives tied logits)."""
+        return self.embedding
+
+    def __getattr__(self, name):
+        # The constructor arguments, read-only (`backbone.num_heads`).
+        config = self.__dict__.get("_backbone_config")
+        if config is not None and name in config:
+            return config[name]
+        raise AttributeError(
+            f"'{type(self).__name__}' object has no attribute '{name}'"
+        )
+
+    def save_to_preset(self, preset_dir):
+        """Write `config.json`, `model.weights.h5` and `metadata.json` to
+        `preset_dir`, as keras-hub's `Backbone.save_to_preset`."""
+        from keras_attn.models.presets import save_backbone
+
+        return save_backbone(self, preset_dir)
+
+    @classmethod
+    def from_preset(cls, preset, load_weights: bool = True, **kwargs):
+        """The backbone of a preset directory (a task's or a backbone's:
+        `config.json` and `model.weights.h5`); `kwargs` override its config
+        (`dropout`, `dtype`, ...)."""
+        from keras_attn.models.presets import load_backbone
+
+        return load_backbone(cls, preset, load_weights=load_weights, **kwargs)
+
+    def get_config(self):
+        config = {
+            "name": self.name,
+            "trainable": self.trainable,
+            **self._backbone_config,
+        }
+        config["embeddings_initializer"] = keras.initializers.serialize(
+            keras.initializers.get(config["embeddings_initializer"])
+        )
+        return {**config, **block_structure_config(self.blocks)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        with blocks_of_config(config):  # configs of 0.2: blocks of that structure
+            return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerEncoderBackbone(_Backbone):
+    """A Transformer encoder stack: token ids -> hidden states.
+
+    Input `token_ids` `(batch, T)` int (0 = padding); output
+    `(batch, T, embedding_dim)` in the compute dtype, with the padding mask
+    as its Keras mask. BERT's layout is `position="learned"`,
+    `activation="gelu"`, `layer_norm_epsilon=1e-12`, `embedding_norm=True`
+    (what `from_bert` builds).
+
+    Args:
+        vocabulary_size: token ids are in `[0, vocabulary_size)`.
+        sequence_length: the longest input (size of learned positions;
+            sinusoids extrapolate).
+        embedding_dim, num_layers, num_heads, intermediate_dim: sizes.
+        dropout: of the embeddings and the blocks.
+        position: `"sinusoidal"` or `"learned"`.
+        normalize_first: pre-norm blocks and a final layer norm.
+        activation: of the blocks' feed-forward networks.
+        layer_norm_epsilon: of every layer norm.
+        embedding_norm: a layer norm on the embeddings (BERT).
+        scale_embeddings: multiply token embeddings by `sqrt(embedding_dim)`
+            (Vaswani et al.).
+        embeddings_initializer: of the token table.
+        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int,
+        sequence_length: int,
+        embedding_dim: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        intermediate_dim: int = 256,
+        dropout: float = 0.1,
+        position: str = "sinusoidal",
+        normalize_first: bool = False,
+        activation="relu",
+        layer_norm_epsilon: float = 1e-5,
+        embedding_norm: bool = False,
+        scale_embeddings: bool = False,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        kwargs.setdefault("name", "encoder_backbone")
+        _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position)
+        self._backbone_config = {
+            "vocabulary_size": vocabulary_size,
+            "sequence_length": sequence_length,
+            "embedding_dim": embedding_dim,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "intermediate_dim": intermediate_dim,
+            "dropout": dropout,
+            "position": position,
+            "normalize_first": normalize_first,
+            "activation": activation,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "embedding_norm": embedding_norm,
+            "scale_embeddings": scale_embeddings,
+            "embeddings_initializer": embeddings_initializer,
+        }
+        with keras.name_scope(kwargs["name"]):
+            token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+            self.embedding = self._make_embedding(None)
+            x = self.embedding(token_ids)  # (B, T, d), masked token_ids != 0
+            self.embedding_norm = None
+            if embedding_norm:
+                self.embedding_norm = keras.layers.LayerNormalization(
+                    epsilon=layer_norm_epsilon, name="embedding_norm"
+                )
+                x = self.embedding_norm(x)
+            x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+            self.blocks = []
+            for index in range(num_layers):
+                block = block_class(TransformerEncoderBlock)(
+                    num_heads=num_heads,
+                    intermediate_dim=intermediate_dim,
+                    dropout=dropout,
+                    normalize_first=normalize_first,
+                    activation=activation,
+                    layer_norm_epsilon=layer_norm_epsilon,
+                    name=f"encoder_{index}",
+                )
+                x = block(x)
+                self.blocks.append(block)
+            self.final_norm = None
+            if normalize_first:
+                self.final_norm = keras.layers.LayerNormalization(
+                    epsilon=layer_norm_epsilon, name="final_norm"
+                )
+                x = self.final_norm(x)
+        super().__init__(token_ids, x, **kwargs)
+
+    @classmethod
+    def from_bert(cls, checkpoint, dropout: float = 0.1, **kwargs):
+        """An encoder of a pretrained BERT-style checkpoint's sizes and weights.
+
+        The token and position embeddings (BERT's token-type embedding of
+        type 0 added to the position table: every input is one segment), the
+        embedding layer norm and every block get the checkpoint's weights.
+        Inputs are the checkpoint's WordPiece ids (`checkpoint.tokenizer()`),
+        at most `checkpoint.max_positions` long.
+
+        Args:
+            checkpoint: a `keras_attn.checkpoints.BertCheckpoint`.
+            dropout: of the embeddings and blocks (BERT's own is 0.1).
+            **kwargs: other constructor arguments (`name`, `dtype`).
+        """
+        from keras_attn.checkpoints import load_bert_encoder
+
+        backbone = cls(**bert_encoder_config(checkpoint, dropout), **kwargs)
+        load_bert_encoder(
+            checkpoint, backbone.embedding, backbone.embedding_norm, backbone.blocks
+        )
+        return backbone
+
+    def encode(self, token_ids, padding_mask=None, return_attention_scores=False):
+        """The hidden states of `token_ids` with an explicit padding mask
+        (default `token_ids != 0`), outside the functional graph; with
+        `return_attention_scores=True` also each block's weights, float32
+        `(B, heads, T, T)`, as `(states, [weights, ...])`."""
+        token_ids = ops.convert_to_tensor(token_ids, "int32")
+        if padding_mask is None:
+            padding_mask = ops.not_equal(token_ids, 0)
+        x = self.embedding(token_ids)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        maps = []
+        for block in self.blocks:
+            if return_attention_scores:
+                x, weights = block(
+                    x, padding_mask=padding_mask, return_attention_scores=True
+                )
+                maps.append(ops.cast(weights, "float32"))
+            else:
+                x = block(x, padding_mask=padding_mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return (x, maps) if return_attention_scores else x
+
+
+def bert_encoder_config(checkpoint, dropout: float = 0.1) -> dict:
+    """`TransformerEncoderBackbone` arguments of a BERT checkpoint's layout."""
+    return {
+        "vocabulary_size": len(checkpoint.vocabulary),
+        "sequence_length": checkpoint.max_positions,
+        "embedding_dim": checkpoint.hidden_size,
+        "num_layers": checkpoint.num_layers,
+        "num_heads": checkpoint.num_heads,
+        "intermediate_dim": checkpoint.intermediate_size,
+        "dropout": dropout,
+        "position": "learned",
+        "activation": "gelu",
+        "layer_norm_epsilon": checkpoint.layer_norm_epsilon,
+        "embedding_norm": True,
+    }
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerDecoderBackbone(_Backbone):
+    """A causal Transformer decoder stack: token ids -> hidden states.
+
+    Without cross-attention (a language model's stack) the input is
+    `token_ids` `(batch, T)` int (0 = padding). With `cross_attention=True`
+    (a translator's decoder) the inputs are a dict: `"token_ids"`,
+    `"encoder_sequence_output"` `(batch, S, d_encoder)` and
+    `"encoder_padding_mask"` `(batch, S)` bool. Output `(batch, T,
+    embedding_dim)` in the compute dtype, with the padding mask as its Keras
+    mask.
+
+    Args:
+        vocabulary_size: token ids are in `[0, vocabulary_size)`.
+        sequence_length: the longest input (size of learned positions).
+        embedding_dim, num_layers, num_heads, intermediate_dim: sizes.
+        dropout: of the embeddings and the blocks.
+        position: `"learned"` or `"sinusoidal"`.
+        normalize_first: pre-norm blocks and a final layer norm.
+        cross_attention: blocks attend to an encoder's states too.
+        encoder_dim: the width of those states (default `embedding_dim`).
+        layer_norm_epsilon: of every layer norm.
+        scale_embeddings: multiply token embeddings by `sqrt(embedding_dim)`.
+        embeddings_initializer: of the token table.
+        token_embedding: an existing `TokenAndPositionEmbedding` to use
+            (a translator's table shared by source and target); not part of
+            the config (the task that shares it passes it again).
+        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int,
+        sequence_length: int,
+        embedding_dim: int = 256,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        intermediate_dim: int = 1024,
+        dropout: float = 0.1,
+        position: str = "learned",
+        normalize_first: bool = True,
+        cross_attention: bool = False,
+        encoder_dim: int | None = None,
+        layer_norm_epsilon: float = 1e-5,
+        scale_embeddings: bool = False,
+        embeddings_initializer="uniform",
+        token_embedding=None,
+        **kwargs,
+    ):
+        kwargs.setdefault("name", "decoder_backbone")
+        _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position)
+        if token_embedding is not None and not isinstance(
+            token_embedding, TokenAndPositionEmbedding
+        ):
+            raise ValueError(
+                "`token_embedding` must be a TokenAndPositionEmbedding or None. "
+                f"Received: token_embedding={token_embedding!r}"
+            )
+        self._backbone_config = {
+            "vocabulary_size": vocabulary_size,
+            "sequence_length": sequence_length,
+            "embedding_dim": embedding_dim,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "intermediate_dim": intermediate_dim,
+            "dropout": dropout,
+            "position": position,
+            "normalize_first": normalize_first,
+            "cross_attention": cross_attention,
+            "encoder_dim": encoder_dim,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "scale_embeddings": scale_embeddings,
+            "embeddings_initializer": embeddings_initializer,
+        }
+        with keras.name_scope(kwargs["name"]):
+            token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+            inputs = token_ids
+            if cross_attention:
+                encoder_states = keras.Input(
+                    (None, encoder_dim or embedding_dim),
+                    name="encoder_sequence_output",
+                )
+                encoder_mask = keras.Input(
+                    (None,), dtype="bool", name="encoder_padding_mask"
+                )
+                inputs = {
+                    "token_ids": token_ids,
+                    "encoder_sequence_output": encoder_states,
+                    "encoder_padding_mask": encoder_mask,
+                }
+            self.embedding = self._make_embedding(token_embedding)
+            x = self.embedding(token_ids)  # (B, T, d), masked token_ids != 0
+            x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+            self.blocks = []
+            for index in range(num_layers):
+                block = block_class(TransformerDecoderBlock)(
+                    num_heads=num_heads,
+                    intermediate_dim=intermediate_dim,
+                    dropout=dropout,
+                    normalize_first=normalize_first,
+                    layer_norm_epsilon=layer_norm_epsilon,
+                    name=f"decoder_{index}",
+                )
+                if cross_attention:
+                    x = block(x, encoder_states, encoder_padding_mask=encoder_mask)
+                else:
+                    x = block(x)
+                self.blocks.append(block)
+            self.final_norm = None
+            if normalize_first:
+                self.final_norm = keras.layers.LayerNormalization(
+                    epsilon=layer_norm_epsilon, name="final_norm"
+                )
+                x = self.final_norm(x)
+        super().__init__(inputs, x, **kwargs)

@@ -1,0 +1,280 @@
+"""Presets: a task (or a backbone) as a directory in keras-hub's layout.
+
+`task.save_to_preset(directory)` writes, as keras-hub's `Task.save_to_preset`:
+
+```
+config.json          the backbone's config (the encoder's, for a translator)
+model.weights.h5     the backbone's weights
+task.json            the task's config (its backbones' configs inside)
+task.weights.h5      the weights outside `backbone` (the head; a
+                     translator's decoder), when there are any
+preprocessor.json    the task's preprocessor (`task.preprocessor`: strings ->
+                     its inputs), its tokenizers' vocabularies in assets/
+tokenizer.json       the tokenizer's config (a translator's source tokenizer;
+                     target_tokenizer.json holds its target one)
+assets/tokenizer/    the tokenizer's vocabulary file (vocabulary.spm, a
+                     SentencePiece model, or vocabulary.txt, WordPiece's)
+metadata.json        versions, the backbone's parameter count, date
+```
+
+`Task.from_preset(directory)` (`TextClassifier.from_preset`,
+`keras_attn.models.TransformerTranslator.from_preset`, ...) rebuilds the
+task and loads its weights; `TransformerEncoderBackbone.from_preset` and
+`TransformerDecoderBackbone.from_preset` load the backbone alone, and
+`load_preprocessor(directory)` the preprocessor. A
+finished run of the example scripts is such a directory (`RUN/preset/`).
+keras-attn's presets are local directories: the library ships no weights
+to download. Imports no TensorFlow (the tokenizers do, when a preset holds
+them).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+from pathlib import Path
+
+import keras
+
+CONFIG_FILE = "config.json"
+MODEL_WEIGHTS_FILE = "model.weights.h5"
+TASK_CONFIG_FILE = "task.json"
+TASK_WEIGHTS_FILE = "task.weights.h5"
+PREPROCESSOR_CONFIG_FILE = "preprocessor.json"
+METADATA_FILE = "metadata.json"
+ASSET_DIR = "assets"
+# The config keys of a task's tokenizers -> their files in the preset.
+TOKENIZER_FILES = {
+    "tokenizer": "tokenizer.json",
+    "source_tokenizer": "tokenizer.json",
+    "target_tokenizer": "target_tokenizer.json",
+}
+# A tokenizer config's inline vocabulary -> its asset file.
+VOCABULARY_ASSETS = {"proto": "vocabulary.spm", "vocabulary": "vocabulary.txt"}
+
+
+def save_to_preset(task, preset_dir) -> Path:
+    """Write `task` (a `TextClassifier`, `TransformerTranslator` or
+    `TransformerLanguageModel`) to `preset_dir` in keras-hub's preset layout
+    (see the module). Returns the directory."""
+    directory = Path(preset_dir).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    save_backbone(task.backbone, directory)
+    config = keras.saving.serialize_keras_object(task)
+    tokenizers = {}  # config key -> its config, the vocabulary in assets/
+    for key, file_name in TOKENIZER_FILES.items():
+        tokenizer = config["config"].get(key)
+        if key in config["config"]:
+            config["config"][key] = None  # in its own file
+        if tokenizer is not None:
+            tokenizers[key] = _tokenizer_without_vocabulary(
+                tokenizer, directory, file_name
+            )
+            _write_json(directory / file_name, tokenizers[key])
+    preprocessor = directory / PREPROCESSOR_CONFIG_FILE
+    if tokenizers:
+        found = keras.saving.serialize_keras_object(task.preprocessor)
+        found["config"].update(
+            {key: value for key, value in tokenizers.items() if key in found["config"]}
+        )
+        _write_json(preprocessor, found)
+    elif preprocessor.exists():
+        preprocessor.unlink()  # of an earlier task saved here
+    _write_json(directory / TASK_CONFIG_FILE, _without_build_state(config))
+    weights = directory / TASK_WEIGHTS_FILE
+    if _has_task_weights(task):
+        keras.saving.save_weights(
+            task, weights, objects_to_skip=list(task.backbone._flatten_layers())
+        )
+    elif weights.exists():
+        weights.unlink()  # of an earlier task saved here
+    return directory
+
+
+def save_backbone(backbone, preset_dir) -> Path:
+    """Write a backbone's `config.json`, `model.weights.h5` and
+    `metadata.json` to `preset_dir`."""
+    directory = Path(preset_dir).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    config = keras.saving.serialize_keras_object(backbone)
+    _write_json(directory / CONFIG_FILE, _without_build_state(config))
+    backbone.save_weights(directory / MODEL_WEIGHTS_FILE)
+    _write_metadata(backbone, directory)
+    return directory
+
+
+def load_task(cls, preset, load_weights: bool = True, **kwargs):
+    """The task of a preset directory, of class `cls` or a subclass.
+
+    Args:
+        cls: the class asked for (`TextClassifier`, ...).
+        preset: the directory `save_to_preset` wrote.
+        load_weights: load the saved weights (else the task starts from
+            fresh initial weights).
+        **kwargs: config entries to override (`dtype`, `name`, `dropout`...).
+    """
+    directory = _preset_dir(preset)
+    config = _read_json(directory, TASK_CONFIG_FILE)
+    found = keras.saving.get_registered_object(config.get("registered_name"))
+    if found is None or not issubclass(found, cls):
+        raise ValueError(
+            f"The preset holds a {config.get('class_name')!r}, not a "
+            f"{cls.__name__}. Received: preset={str(preset)!r}"
+        )
+    inner = dict(config["config"])
+    for key, file_name in TOKENIZER_FILES.items():
+        if key in inner and (directory / file_name).exists():
+            inner[key] = _read_tokenizer(directory, file_name)
+    inner.update(kwargs)
+    task = keras.saving.deserialize_keras_object({**config, "config": inner})
+    if load_weights:
+        task.backbone.load_weights(directory / MODEL_WEIGHTS_FILE)
+        if _has_task_weights(task):
+            keras.saving.load_weights(
+                task,
+                directory / TASK_WEIGHTS_FILE,
+                objects_to_skip=list(task.backbone._flatten_layers()),
+            )
+    return task
+
+
+def load_backbone(cls, preset, load_weights: bool = True, **kwargs):
+    """The backbone of a preset directory (a task's or a backbone's), of
+    class `cls` or a subclass; `kwargs` override config entries."""
+    directory = _preset_dir(preset)
+    config = _read_json(directory, CONFIG_FILE)
+    found = keras.saving.get_registered_object(config.get("registered_name"))
+    if found is None or not issubclass(found, cls):
+        raise ValueError(
+            f"The preset's backbone is a {config.get('class_name')!r}, not a "
+            f"{cls.__name__}. Received: preset={str(preset)!r}"
+        )
+    config = {**config, "config": {**config["config"], **kwargs}}
+    backbone = keras.saving.deserialize_keras_object(config)
+    if load_weights:
+        backbone.load_weights(directory / MODEL_WEIGHTS_FILE)
+    return backbone
+
+
+def _preset_dir(preset) -> Path:
+    directory = Path(preset).expanduser()
+    if not directory.is_dir():
+        raise ValueError(
+            "`preset` must be the directory of a preset (what `save_to_preset` "
+            "writes; keras-attn ships no presets to download). Received: "
+            f"preset={str(preset)!r}"
+        )
+    return directory
+
+
+def _has_task_weights(task) -> bool:
+    backbone = {id(weight) for weight in task.backbone.weights}
+    return any(id(weight) not in backbone for weight in task.weights)
+
+
+def _tokenizer_without_vocabulary(config: dict, directory: Path, file_name: str):
+    """A tokenizer's config whose inline vocabulary is written to its asset
+    file instead (`None` in the config, as keras-hub's tokenizers save)."""
+    config = {**config, "config": dict(config["config"])}
+    assets = directory / ASSET_DIR / file_name.split(".")[0]
+    for key, asset in VOCABULARY_ASSETS.items():
+        value = config["config"].get(key)
+        if value is None:
+            continue
+        assets.mkdir(parents=True, exist_ok=True)
+        if key == "proto":
+            (assets / asset).write_bytes(base64.b64decode(value))
+        else:
+            (assets / asset).write_text("".join(f"{piece}\n" for piece in value))
+        config["config"][key] = None  # in its asset file
+    return config
+
+
+def load_preprocessor(preset):
+    """The preprocessor of a task's preset directory (its
+    `preprocessor.json`, the vocabularies from `assets/`): a Keras layer
+    from strings to the task's inputs."""
+    directory = _preset_dir(preset)
+    config = _read_json(directory, PREPROCESSOR_CONFIG_FILE)
+    config = {**config, "config": dict(config["config"])}
+    for key, file_name in TOKENIZER_FILES.items():
+        if isinstance(config["config"].get(key), dict):
+            config["config"][key] = _with_vocabulary(
+                config["config"][key], directory, file_name
+            )
+    import keras_attn.text  # noqa: F401  registers the preprocessor classes
+
+    return keras.saving.deserialize_keras_object(config)
+
+
+def _read_tokenizer(directory: Path, file_name: str):
+    import keras_attn.text  # noqa: F401  registers the tokenizer classes
+
+    config = _read_json(directory, file_name)
+    return keras.saving.deserialize_keras_object(
+        _with_vocabulary(config, directory, file_name)
+    )
+
+
+def _with_vocabulary(config: dict, directory: Path, file_name: str) -> dict:
+    """A tokenizer config of the preset with its vocabulary read back from
+    its asset file."""
+    config = {**config, "config": dict(config["config"])}
+    assets = directory / ASSET_DIR / file_name.split(".")[0]
+    for key, asset in VOCABULARY_ASSETS.items():
+        if key in config["config"] and config["config"][key] is None:
+            path = assets / asset
+            if not path.exists():
+                raise ValueError(
+                    f"The preset's {file_name} needs {path}, which is missing. "
+                    f"Received: preset={str(directory)!r}"
+                )
+            if key == "proto":
+                value = base64.b64encode(path.read_bytes()).decode("ascii")
+            else:
+                value = path.read_text("utf-8").split("\n")[:-1]
+            config["config"][key] = value
+    return config
+
+
+def _write_metadata(model, directory: Path) -> None:
+    from keras_attn import __version__
+
+    _write_json(
+        directory / METADATA_FILE,
+        {
+            "keras_version": keras.version(),
+            "keras_attn_version": __version__,
+            "parameter_count": model.count_params(),
+            "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
+        },
+    )
+
+
+def _without_build_state(config):
+    """`config` without its `compile_config` and `build_config` entries, at
+    any depth (as keras-hub's preset saver writes configs)."""
+    if isinstance(config, dict):
+        return {
+            key: _without_build_state(value)
+            for key, value in config.items()
+            if key not in ("compile_config", "build_config")
+        }
+    if isinstance(config, list):
+        return [_without_build_state(value) for value in config]
+    return config
+
+
+def _write_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value, indent=4) + "\n")
+
+
+def _read_json(directory: Path, file_name: str) -> dict:
+    path = directory / file_name
+    if not path.exists():
+        raise ValueError(
+            f"`preset` has no {file_name}: not a directory `save_to_preset` "
+            f"wrote. Received: preset={str(directory)!r}"
+        )
+    return json.loads(path.read_text())

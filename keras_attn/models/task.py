@@ -1,0 +1,144 @@
+"""`BackboneTask`: what the Transformer tasks share as keras-hub-style tasks.
+
+A task is a functional `keras.Model` with a head on a backbone
+(`keras_attn.models.backbones`), reachable as `task.backbone`, and the text
+methods of its kind. This module gives the tasks:
+
+- the two ways to build one: from a backbone (`TextClassifier(backbone=...)`,
+  as keras-hub's tasks) or from the sizes, which build the backbone;
+- `save_to_preset(directory)` / `from_preset(directory)` in keras-hub's
+  preset layout (`keras_attn.models.presets`);
+- the loading of files saved before the backbones (keras-attn 0.2 and
+  earlier), whose weights sit in the task's own groups: their layout is
+  read from the file, so `keras.saving.load_model` and `load_weights` load
+  them, and the task saves in the current layout afterwards.
+
+Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import keras
+
+
+class BackboneTask:
+    """Mixin of the tasks built on backbones (put first in the bases).
+
+    Subclasses set `backbone` (and any other backbone, listed by
+    `backbones`) before calling `keras.Model.__init__`.
+    """
+
+    @property
+    def backbones(self) -> tuple:
+        """The task's backbones (`backbone` first)."""
+        return (self.backbone,)
+
+    # -- construction ----------------------------------------------------------
+
+    @staticmethod
+    def check_backbone(name: str, backbone, cls):
+        if not isinstance(backbone, cls):
+            raise ValueError(
+                f"`{name}` must be a {cls.__name__}. Received: {name}={backbone!r}"
+            )
+        return backbone
+
+    @staticmethod
+    def check_sizes_unset(init, given: dict, backbone_name: str = "backbone"):
+        """A `ValueError` naming the size arguments of `given` (arguments of
+        `init`) that differ from their defaults: with a backbone given, the
+        sizes are the backbone's, and an argument would be silently ignored."""
+        parameters = inspect.signature(init).parameters
+        changed = [
+            name
+            for name, value in given.items()
+            if value is not parameters[name].default
+            and value != parameters[name].default
+        ]
+        if changed:
+            shown = ", ".join(f"{name}={given[name]!r}" for name in changed)
+            raise ValueError(
+                f"With `{backbone_name}` given, the sizes are the backbone's: "
+                f"leave {', '.join(f'`{n}`' for n in changed)} out. Received: {shown}"
+            )
+
+    # -- presets ---------------------------------------------------------------
+
+    def save_to_preset(self, preset_dir):
+        """Save the task as a keras-hub preset directory (see
+        `keras_attn.models.presets.save_to_preset`)."""
+        from keras_attn.models.presets import save_to_preset
+
+        return save_to_preset(self, preset_dir)
+
+    @classmethod
+    def from_preset(cls, preset, load_weights: bool = True, **kwargs):
+        """The task of a preset directory written by `save_to_preset` (a
+        finished run of the example scripts is one). See
+        `keras_attn.models.presets.load_task`."""
+        from keras_attn.models.presets import load_task
+
+        return load_task(cls, preset, load_weights=load_weights, **kwargs)
+
+    # -- files of the layout before backbones -----------------------------------
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        # Keras's loader calls this on the task first, then walks `layers`:
+        # a file with the embedding at its top level was saved before the
+        # backbones, so that walk gets the backbones' layers in their place.
+        object.__setattr__(self, "_flat_file", _is_flat_file(store))
+
+    @property
+    def layers(self):
+        layers = super().layers
+        if not self.__dict__.get("_flat_file"):
+            return layers
+        object.__setattr__(self, "_flat_file", False)
+        return _flattened(layers, self.backbones)
+
+
+def _is_flat_file(store) -> bool:
+    """Whether the task's group in a weights file (Keras's `H5IOStore`, at
+    the task's path: the root, or a member's group in an ensemble) holds the
+    embedding itself, not a backbone's group."""
+    h5_file = getattr(store, "h5_file", None)
+    if h5_file is None:
+        return False
+    path = getattr(store, "_h5_entry_path", None) or ""
+    group = h5_file[path] if path and path in h5_file else h5_file
+    if path and path not in h5_file:
+        return False
+    return "layers" in group and "token_and_position_embedding" in group["layers"]
+
+
+def _flattened(layers, backbones) -> list:
+    """`layers` with each backbone replaced by its own layers (its inputs
+    left out), each layer once: the task's layers as a task built without
+    backbones had them, class by class in the same order."""
+    found, seen = [], set()
+    for layer in layers:
+        inner = [layer]
+        if any(layer is backbone for backbone in backbones):
+            inner = [
+                sublayer
+                for sublayer in layer.layers
+                if not isinstance(sublayer, keras.layers.InputLayer)
+            ]
+        for sublayer in inner:
+            if id(sublayer) not in seen:
+                seen.add(id(sublayer))
+                found.append(sublayer)
+    return found
+
+
+def deserialize_backbone(config, **extra):
+    """A backbone from its serialized config (`extra`: constructor arguments
+    that are not part of it, such as a shared embedding)."""
+    if isinstance(config, keras.Model):
+        return config
+    if extra:
+        config = {**config, "config": {**config["config"], **extra}}
+    return keras.saving.deserialize_keras_object(config)
