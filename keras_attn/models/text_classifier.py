@@ -82,7 +82,7 @@ class _ClassifierTask:
 
         def probabilities(batch):
             ids = _task.padded_ids(tokenizer.tokenize(batch), cap)  # (B, bucket)
-            probability = self.predict_on_batch(ids)  # compiled, per width
+            probability = self(ids, training=False)
             return np.asarray(ops.convert_to_numpy(probability), "float32")[:, 0]
 
         found = _task.map_batches(
