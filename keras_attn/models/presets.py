@@ -85,7 +85,7 @@ def save_to_preset(task, preset_dir) -> Path:
     weights = directory / TASK_WEIGHTS_FILE
     if _has_task_weights(task):
         keras.saving.save_weights(
-            task, weights, objects_to_skip=list(task.backbone._flatten_layers())
+            task, weights, objects_to_skip=_not_task_weights(task)
         )
     elif weights.exists():
         weights.unlink()  # of an earlier task saved here
@@ -134,7 +134,7 @@ def load_task(cls, preset, load_weights: bool = True, **kwargs):
             keras.saving.load_weights(
                 task,
                 directory / TASK_WEIGHTS_FILE,
-                objects_to_skip=list(task.backbone._flatten_layers()),
+                objects_to_skip=_not_task_weights(task),
             )
     return task
 
@@ -166,6 +166,15 @@ def _preset_dir(preset) -> Path:
             f"preset={str(preset)!r}"
         )
     return directory
+
+
+def _not_task_weights(task) -> list:
+    """What `task.weights.h5` leaves out: the backbone (in
+    `model.weights.h5`) and the optimizer's state (a preset holds weights)."""
+    skipped = list(task.backbone._flatten_layers())
+    if getattr(task, "optimizer", None) is not None:
+        skipped.append(task.optimizer)
+    return skipped
 
 
 def _has_task_weights(task) -> bool:

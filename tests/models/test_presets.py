@@ -106,6 +106,21 @@ def assert_same_task(task, loaded):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
 
 
+def test_a_compiled_tasks_preset_holds_no_optimizer_state(tasks, tmp_path):
+    import h5py
+
+    task = TextClassifier.from_config(tasks["classifier"].get_config())
+    task.compile("adam", "binary_crossentropy")
+    task.fit(np.array([[5, 6, 7, 0]], "int32"), np.ones((1, 1)), verbose=0)
+    task.save_to_preset(tmp_path)
+    with h5py.File(tmp_path / "task.weights.h5") as weights:
+        names = []
+        weights.visit(names.append)
+    assert names and not any("optimizer" in name for name in names)
+    loaded = TextClassifier.from_preset(tmp_path)
+    assert_same_task(task, loaded)
+
+
 def test_a_backbone_loads_alone_from_a_task_preset(tasks, tmp_path):
     task = tasks["translator"]
     task.save_to_preset(tmp_path)
