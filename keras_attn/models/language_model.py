@@ -8,10 +8,9 @@ from keras import ops
 
 from keras_attn import generation
 from keras_attn._loops import map_chunks
-from keras_attn.layers._transformer_block import blocks_of_config
 from keras_attn.models import _task
 from keras_attn.models.backbones import TransformerDecoderBackbone
-from keras_attn.models.task import BackboneTask, deserialize_backbone
+from keras_attn.models.task import BackboneTask
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
@@ -701,15 +700,3 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             "tie_embeddings": self.tie_embeddings,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
-        if "backbone" in config:
-            config["backbone"] = deserialize_backbone(config["backbone"])
-            return cls(**config)
-        # A config saved before the backbones (keras-attn 0.2, and this
-        # version until the backbones).
-        with blocks_of_config(config):  # 0.2's: blocks of that structure
-            return cls(**config)

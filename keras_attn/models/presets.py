@@ -116,12 +116,7 @@ def load_task(cls, preset, load_weights: bool = True, **kwargs):
     """
     directory = _preset_dir(preset)
     config = _read_json(directory, TASK_CONFIG_FILE)
-    found = keras.saving.get_registered_object(config.get("registered_name"))
-    if found is None or not issubclass(found, cls):
-        raise ValueError(
-            f"The preset holds a {config.get('class_name')!r}, not a "
-            f"{cls.__name__}. Received: preset={str(preset)!r}"
-        )
+    _check_class(config, cls, preset, "The preset holds")
     inner = dict(config["config"])
     for key, file_name in TOKENIZER_FILES.items():
         if key in inner and (directory / file_name).exists():
@@ -144,17 +139,22 @@ def load_backbone(cls, preset, load_weights: bool = True, **kwargs):
     class `cls` or a subclass; `kwargs` override config entries."""
     directory = _preset_dir(preset)
     config = _read_json(directory, CONFIG_FILE)
-    found = keras.saving.get_registered_object(config.get("registered_name"))
-    if found is None or not issubclass(found, cls):
-        raise ValueError(
-            f"The preset's backbone is a {config.get('class_name')!r}, not a "
-            f"{cls.__name__}. Received: preset={str(preset)!r}"
-        )
+    _check_class(config, cls, preset, "The preset's backbone is")
     config = {**config, "config": {**config["config"], **kwargs}}
     backbone = keras.saving.deserialize_keras_object(config)
     if load_weights:
         backbone.load_weights(directory / MODEL_WEIGHTS_FILE)
     return backbone
+
+
+def _check_class(config: dict, cls, preset, holds: str) -> None:
+    """A `ValueError` unless the serialized `config` is of `cls` or a subclass."""
+    found = keras.saving.get_registered_object(config.get("registered_name"))
+    if found is None or not issubclass(found, cls):
+        raise ValueError(
+            f"{holds} a {config.get('class_name')!r}, not a {cls.__name__}. "
+            f"Received: preset={str(preset)!r}"
+        )
 
 
 def _preset_dir(preset) -> Path:

@@ -22,6 +22,9 @@ import inspect
 
 import keras
 
+from keras_attn.layers._transformer_block import blocks_of_config
+from keras_attn.models import _task
+
 
 class BackboneTask:
     """Mixin of the tasks built on backbones (put first in the bases).
@@ -63,6 +66,20 @@ class BackboneTask:
                 f"With `{backbone_name}` given, the sizes are the backbone's: "
                 f"leave {', '.join(f'`{n}`' for n in changed)} out. Received: {shown}"
             )
+
+    @classmethod
+    def from_config(cls, config):
+        """The task of a config with one `tokenizer` (the translator, with
+        two and a second backbone, has its own)."""
+        config = dict(config)
+        config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
+        if "backbone" in config:
+            config["backbone"] = deserialize_backbone(config["backbone"])
+            return cls(**config)
+        # A config saved before the backbones (keras-attn 0.2, and this
+        # version until the backbones).
+        with blocks_of_config(config):  # 0.2's: blocks of that structure
+            return cls(**config)
 
     # -- presets ---------------------------------------------------------------
 

@@ -8,11 +8,10 @@ import numpy as np
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import blocks_of_config
 from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.models import _task
 from keras_attn.models.backbones import TransformerEncoderBackbone
-from keras_attn.models.task import BackboneTask, deserialize_backbone
+from keras_attn.models.task import BackboneTask
 
 POOLINGS = ("mean", "attention")
 
@@ -406,18 +405,6 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
             "pooling": self.pooling_mode,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
-        if "backbone" in config:
-            config["backbone"] = deserialize_backbone(config["backbone"])
-            return cls(**config)
-        # A config saved before the backbones (keras-attn 0.2, and this
-        # version until the backbones).
-        with blocks_of_config(config):  # 0.2's: blocks of that structure
-            return cls(**config)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
