@@ -203,6 +203,48 @@ def cached(model, key, depends, build):
     return found[1]
 
 
+def bucket_rows(rows: int) -> int:
+    """The rows a batch of `rows` is padded to for a compiled call whose
+    shape is fixed (JAX): the next power of two, so a few batch sizes."""
+    padded = 1
+    while padded < rows:
+        padded *= 2
+    return padded
+
+
+def compiled_forward(model, width: int):
+    """`model(ids, training=False)` on int32 ids `(B, width)` as NumPy,
+    compiled once per `width` and kept on `model`: `tf.function` on
+    TensorFlow (one trace for every batch size), Keras' `predict_on_batch`
+    on JAX (jitted; the rows are padded to `bucket_rows`, so a few shapes),
+    an eager call elsewhere. With `bucket_length` widths a task method
+    compiles a few shapes in all; the weights are read at each call, so
+    training or loading weights later is seen."""
+    import numpy as np
+
+    def build():
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            forward = tf.function(
+                lambda ids: model(ids, training=False),
+                input_signature=[tf.TensorSpec([None, width], tf.int32)],
+            )
+            return lambda ids: keras.ops.convert_to_numpy(forward(ids))
+        if backend == "jax":
+
+            def forward(ids):
+                rows = ids.shape[0]
+                padding = [(0, bucket_rows(rows) - rows), (0, 0)]
+                return model.predict_on_batch(np.pad(ids, padding))[:rows]
+
+            return forward
+        return lambda ids: keras.ops.convert_to_numpy(model(ids, training=False))
+
+    return cached(model, ("compiled_forward", width), (), build)
+
+
 def decoded(texts) -> list[str]:
     """Byte strings (a `tf.string` tensor, an array or a list) as `str`,
     what is not valid UTF-8 replaced by U+FFFD."""

@@ -52,9 +52,10 @@ class _ClassifierTask:
 
         Any number of texts, in batches of `batch_size` (memory stays flat),
         each batch padded to a bucket of its longest text
-        (`keras_attn.models._task.bucket_length`), not to `max_length`; the
-        tokenizer is built once and kept. The results do not depend on the
-        batching (up to float rounding).
+        (`keras_attn.models._task.bucket_length`), not to `max_length`, and
+        run through the network compiled once per bucket width (kept for
+        later calls); the tokenizer is built once and kept. The results do
+        not depend on the batching (up to float rounding).
 
         Args:
             texts: a string or a list of strings.
@@ -81,8 +82,8 @@ class _ClassifierTask:
 
         def probabilities(batch):
             ids = _task.padded_ids(tokenizer.tokenize(batch), cap)  # (B, bucket)
-            probability = self(ids, training=False)
-            return np.asarray(ops.convert_to_numpy(probability), "float32")[:, 0]
+            probability = _task.compiled_forward(self, ids.shape[1])(ids)
+            return np.asarray(probability, "float32")[:, 0]
 
         found = _task.map_batches(
             probabilities, texts, batch_size, verbose, title="Classifying"

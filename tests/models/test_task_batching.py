@@ -2,6 +2,7 @@
 buckets, the tokenizer built once; the results do not depend on the batching,
 keep the order of the texts, and an empty list gives an empty answer."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -305,3 +306,39 @@ def test_generated_text_is_always_valid_utf8(models, small_tokenizer, tmp_path):
         "\ufffd(\ufffd"
     ]
     assert _task.decoded([b"\xc3\x28", "already text"]) == ["\ufffd(", "already text"]
+
+
+def test_classify_compiles_its_network_once_per_width_and_reads_new_weights(
+    small_tokenizer, monkeypatch
+):
+    """Batches of any size and width bucket 8 trace the network once (a
+    `tf.function` per width, kept); weights set later are read, not the
+    ones of the trace."""
+    classifier = TextClassifier(
+        small_tokenizer.vocabulary_size, 24, embedding_dim=8, num_layers=1,
+        num_heads=2, intermediate_dim=16, tokenizer=small_tokenizer,
+    )  # fmt: skip
+    traces = []
+    call = classifier.call
+    monkeypatch.setattr(
+        classifier,
+        "call",
+        lambda *args, **kwargs: traces.append(1) or call(*args, **kwargs),
+    )
+    short = ["a house", "the dog.", "I go"]
+    ids = _task.padded_ids(classifier.dense_tokenizer().tokenize(short), 24)
+    assert len(short) == 3 and ids.shape == (3, 8)  # one width bucket
+    first = classifier.classify(short, batch_size=1)["positive_probability"]
+    classifier.classify(short * 30, batch_size=64, verbose=0)
+    classifier.classify(short[:2])
+    assert len(traces) == 1
+    np.testing.assert_allclose(
+        first, np.asarray(call(keras.ops.convert_to_tensor(ids)))[:, 0], atol=1e-6
+    )
+    head = classifier.get_layer("positive_probability")
+    head.kernel.assign(np.ones(head.kernel.shape, "float32"))
+    again = classifier.classify(short)["positive_probability"]
+    np.testing.assert_allclose(
+        again, np.asarray(call(keras.ops.convert_to_tensor(ids)))[:, 0], atol=1e-6
+    )
+    assert not np.allclose(again, first) and len(traces) == 1
