@@ -11,11 +11,9 @@ on one shared vocabulary, as the RNN always is. Sizes and defaults:
     python examples/translate.py --model rnn --attention bahdanau --out runs/rnn
     python examples/translate.py --evaluate-only runs/transformer --knn
 
-Reports test BLEU and chrF with beam search (and with `--knn`, kNN-MT, its
-setting and length penalty chosen on validation). Writes to --out: vocab/,
-checkpoints/, backup/, logs/, model.keras (with its tokenizers), preset/ (the
-Transformer's, keras-hub's layout), metrics.json, translations.tsv (and
-translations_knn.tsv), plots/ and the TF Serving export under
+Reports test BLEU and chrF with beam search (`--knn`: kNN-MT as well, tuned on
+validation). Writes to --out: vocab/, checkpoints/, logs/, model.keras,
+preset/, metrics.json, translations*.tsv, plots/ and the TF Serving export
 export/translator/<version>/ (docs/TRANSLATION.md).
 """
 
@@ -31,13 +29,11 @@ import _cli
 import _options
 import keras
 
-from keras_attn import datasets, memory, text, training
+from keras_attn import datasets, text, training
 from keras_attn.models import RNNTranslator, TransformerTranslator
 from keras_attn.visualize import save_alignment_plots
 
-
-def parse_args(argv=None):
-    return _options.translate_args(argv)
+parse_args = _options.translate_args  # the options, with the configs' defaults
 
 
 def load_data(args):
@@ -154,23 +150,19 @@ def main(argv=None) -> dict:
             phrases = datasets.load_training_phrases(splits, args.alternatives)
             print(f"kNN-MT datastore: {len(phrases):,} phrase pairs as well.")
             pairs = pairs + phrases
-        store = memory.translation_datastore(translator, dataset(pairs))
-        key_dtype = args.knn_key_dtype  # auto: the policy's compute dtype
-        if key_dtype == "auto":
-            key_dtype = keras.config.dtype_policy().compute_dtype
-        grid = dict(k=args.knn_k, temperature=args.knn_temperature, lam=args.knn_lambda)
-        knn, chosen = memory.choose_knn(
-            translator, store, dataset(splits.validation), key_dtype=key_dtype, **grid
-        )
-        penalty, results = training.choose_length_penalty(
+        knn, penalty, chosen = training.choose_knn_decoding(
             translator,
+            dataset(pairs),
+            dataset(splits.validation),
             splits.validation[: args.test_sentences],
-            args.knn_length_penalty,
-            nearest_neighbors=knn,
-            title="Translating the validation split (kNN-MT, length penalty "
-            "{length_penalty:g})",
+            k=args.knn_k,
+            temperature=args.knn_temperature,
+            lam=args.knn_lambda,
+            length_penalty=args.knn_length_penalty,
+            key_dtype=args.knn_key_dtype,  # auto: the policy's compute dtype
             **decoding,
         )
+        results = chosen.pop("length_penalty_results")
         knn_test = evaluate("test", penalty, knn, " (kNN-MT)")
         _cli.write_translations(out / "translations_knn.tsv", knn_test)
         metrics.update(

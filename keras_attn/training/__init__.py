@@ -11,7 +11,8 @@ ensembles, evaluation recipes, distribution, precision and losses.
 - `make_optimizer`: AdamW with a moving average of the weights on request.
 - Evaluation recipes: `bits_per_character`, `perplexity`,
   `language_model_metrics` (both from `score`), `translation_scores`,
-  `choose_length_penalty` (the beam's, on held-out pairs).
+  `choose_length_penalty` (the beam's, on held-out pairs),
+  `choose_knn_decoding` (kNN-MT's datastore and setting).
 - Distribution: `make_strategy`, `patch_keras_for_multi_worker`, `is_chief`.
 - Precision: `resolve_mixed_precision`.
 - Losses: `SmoothedSparseCrossentropy`.
@@ -36,6 +37,7 @@ from keras_attn.training.distribution import (
 from keras_attn.training.ensembles import EnsembleFit, fit_ensemble
 from keras_attn.training.evaluation import (
     bits_per_character,
+    choose_knn_decoding,
     choose_length_penalty,
     language_model_metrics,
     perplexity,
@@ -62,6 +64,7 @@ __all__ = [
     "SwapEMAWeights",
     "TimeBudget",
     "bits_per_character",
+    "choose_knn_decoding",
     "choose_length_penalty",
     "cpu_supports_bfloat16",
     "fit_ensemble",

@@ -1,12 +1,13 @@
 """Evaluation recipes: bits per character and perplexity of scored text, the
-figures of a translation evaluation, and the beam's length penalty chosen
-on held-out pairs."""
+figures of a translation evaluation, and the beam's length penalty and
+kNN-MT's setting chosen on held-out data."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
+import keras
 import numpy as np
 
 
@@ -155,6 +156,76 @@ def choose_length_penalty(
         )
     best = max(penalties, key=lambda penalty: results[penalty]["bleu"].score)
     return best, results
+
+
+def choose_knn_decoding(
+    translator,
+    datastore_data,
+    validation_data,
+    validation_pairs,
+    *,
+    k=(32, 64, 128),
+    temperature=(10.0, 30.0, 100.0),
+    lam=(0.1, 0.2, 0.3, 0.4, 0.5),
+    length_penalty=(0.6, 1.0, 1.5),
+    key_dtype: str = "auto",
+    title: str = "Translating the validation split (kNN-MT, length penalty "
+    "{length_penalty:g})",
+    **options,
+):
+    """kNN-MT for a trained Transformer translator, its setting chosen on
+    held-out data: the recipe of `examples/translate.py --knn`.
+
+    Builds the datastore of `datastore_data`'s decoder states
+    (`keras_attn.memory.translation_datastore`), chooses `k`, `temperature`
+    and `lam` by the mixture's loss on `validation_data`
+    (`keras_attn.memory.choose_knn`), then the beam's length penalty by BLEU
+    on `validation_pairs` with those neighbours (`choose_length_penalty`).
+
+    Args:
+        translator: a `TransformerTranslator` with its tokenizers.
+        datastore_data: batches of the pairs whose states fill the
+            datastore (the training pairs, as `text.translation_dataset`
+            gives them).
+        validation_data: held-out batches in the same form.
+        validation_pairs: held-out `(source, reference)` pairs to decode.
+        k, temperature, lam: the kNN-MT settings tried (every combination).
+        length_penalty: the beam's length penalties tried.
+        key_dtype: the dtype of the datastore's keys at decoding time;
+            "auto" is the global dtype policy's compute dtype.
+        title: the progress heading of each decoding.
+        **options: the other arguments of `evaluate_translations`
+            (`beam_width`, `max_length`, `verbose`).
+
+    Returns:
+        `(decoding, length_penalty, report)`: the chosen
+        `NearestNeighborDecoding` and penalty, and `choose_knn`'s report
+        with `length_penalty_results` added (each penalty tried with its
+        `evaluate_translations` result).
+    """
+    from keras_attn import memory
+
+    if key_dtype == "auto":
+        key_dtype = keras.config.dtype_policy().compute_dtype
+    datastore = memory.translation_datastore(translator, datastore_data)
+    decoding, report = memory.choose_knn(
+        translator,
+        datastore,
+        validation_data,
+        k=k,
+        temperature=temperature,
+        lam=lam,
+        key_dtype=key_dtype,
+    )
+    penalty, results = choose_length_penalty(
+        translator,
+        validation_pairs,
+        length_penalty,
+        nearest_neighbors=decoding,
+        title=title,
+        **options,
+    )
+    return decoding, penalty, {**report, "length_penalty_results": results}
 
 
 def _check_count(name: str, value) -> None:

@@ -1,5 +1,7 @@
 """kNN-MT: the datastore of a Transformer translator and decoding with it."""
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -279,3 +281,43 @@ def test_the_validation_search_keeps_the_setting_of_lowest_loss():
     assert (report["k"], report["lambda"]) == (knn.k, knn.lam)
     assert report["validation_nats_per_token"] == best["validation_nats_per_token"]
     assert report["datastore_entries"] == 18 and report["key_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_the_knn_recipe_builds_chooses_and_tunes_the_length_penalty(policy):
+    """`training.choose_knn_decoding`: the datastore of the first batches,
+    `choose_knn`'s setting on the second, then the penalty of the best BLEU
+    decoding the held-out pairs with those neighbours."""
+    from keras_attn import training
+
+    model = small_translator()
+    decodings = []
+
+    def evaluate_translations(pairs, **options):  # BLEU 20 + the penalty
+        decodings.append({"pairs": pairs, **options})
+        return {"bleu": types.SimpleNamespace(score=20 + options["length_penalty"])}
+
+    model.evaluate_translations = evaluate_translations
+    pairs = [("a b", "c d")]
+    grid = dict(k=(2, 40), temperature=(1.0, 5.0), lam=(0.0, 0.5))
+    keras.config.set_dtype_policy(policy)  # the tests' fixture resets it
+    knn, penalty, report = training.choose_knn_decoding(
+        model, batches(), batches()[:1], pairs, length_penalty=(1.0, 0.6), **grid,
+        beam_width=2,
+    )  # fmt: skip
+    keras.config.set_dtype_policy("float32")
+    expected, expected_report = choose_knn(
+        model, translation_datastore(model, batches()), batches()[:1], **grid
+    )
+    assert report["datastore_entries"] == len(knn.datastore) == 18
+    assert (knn.k, knn.temperature, knn.lam) == (
+        expected.k, expected.temperature, expected.lam
+    )  # fmt: skip
+    assert report["trials"] == expected_report["trials"]
+    compute_dtype = "bfloat16" if policy == "mixed_bfloat16" else "float32"
+    assert knn.key_dtype == report["key_dtype"] == compute_dtype  # "auto"
+    assert penalty == 1.0 and list(report["length_penalty_results"]) == [1.0, 0.6]
+    assert [call["length_penalty"] for call in decodings] == [1.0, 0.6]
+    for call in decodings:
+        assert call["pairs"] == pairs and call["nearest_neighbors"] is knn
+        assert call["beam_width"] == 2 and "kNN-MT" in call["title"]
