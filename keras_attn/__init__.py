@@ -10,13 +10,16 @@ Importing keras_attn imports no TensorFlow.
 
 from keras_attn import generation, layers, models, ops
 from keras_attn.layers import (
+    AlibiBias,
     AttentionPooling,
     BahdanauAttention,
     BahdanauDecoder,
+    GroupedQueryAttention,
     LuongAttention,
     MultiHeadAttention,
     MultiHeadSelfAttention,
     PositionEmbedding,
+    RotaryEmbedding,
     SinusoidalPositionEncoding,
     TokenAndPositionEmbedding,
     TransformerDecoder,
@@ -41,14 +44,17 @@ from keras_attn.training import losses as _losses  # noqa: F401
 __version__ = "0.2.0"
 
 __all__ = [
+    "AlibiBias",
     "AttentionPooling",
     "BahdanauAttention",
     "BahdanauDecoder",
+    "GroupedQueryAttention",
     "LuongAttention",
     "MultiHeadAttention",
     "MultiHeadSelfAttention",
     "PositionEmbedding",
     "RNNTranslator",
+    "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TextClassifier",
     "TextClassifierEnsemble",

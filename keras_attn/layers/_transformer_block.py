@@ -64,6 +64,7 @@ class TransformerBlockBase(keras.layers.Layer):
         attention_dropout: float | None = None,
         flash_attention: bool | None = None,
         seed: int | None = None,
+        num_key_value_heads: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -71,6 +72,15 @@ class TransformerBlockBase(keras.layers.Layer):
             "intermediate_dim", intermediate_dim
         )
         self.num_heads = v.check_positive_int("num_heads", num_heads)
+        self.num_key_value_heads = v.check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
+        if self.num_key_value_heads and num_heads % self.num_key_value_heads:
+            raise ValueError(
+                "`num_heads` must be divisible by `num_key_value_heads`. "
+                f"Received: num_heads={num_heads}, "
+                f"num_key_value_heads={num_key_value_heads}"
+            )
         self.dropout = v.check_rate("dropout", dropout)
         self.attention_dropout = (
             None
@@ -158,7 +168,11 @@ class TransformerBlockBase(keras.layers.Layer):
             "bias_initializer": clone_initializer(self.bias_initializer),
             "seed": self._next_seed(),
             "dtype": self.dtype_policy,
-        }
+        } | (
+            {}
+            if self.num_key_value_heads is None
+            else {"num_key_value_heads": self.num_key_value_heads}
+        )
 
     def _layer_norm(self, name: str, shape):
         layer = keras.layers.LayerNormalization(
@@ -251,6 +265,8 @@ class TransformerBlockBase(keras.layers.Layer):
                 "seed": self.seed,
             }
         )
+        if self.num_key_value_heads is not None:  # only when set (keras-hub's)
+            config["num_key_value_heads"] = self.num_key_value_heads
         # Quantized sublayers keep their policies through save/load.
         return with_quantized_policies(self, config)
 

@@ -5,9 +5,20 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+# Keras's equation builders, for the projections of grouped-query attention
+# (`_build_grouped`), built as Keras's `build` builds its own.
+from keras.src.layers.attention.multi_head_attention import (
+    _build_proj_equation,
+    _get_output_shape,
+)
+
 from keras_attn import _validation as v
 from keras_attn.layers._policies import with_quantized_policies
-from keras_attn.ops.attention import check_flash_attention, dot_product_attention
+from keras_attn.ops.attention import (
+    check_flash_attention,
+    dot_product_attention,
+    repeat_key_value_heads,
+)
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (
     causal_mask,
@@ -176,6 +187,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             query (Qiu et al. 2025, https://arxiv.org/abs/2505.06708), as in
             Keras.
         seed: seed of the dropout.
+        num_key_value_heads: grouped-query attention (Ainslie et al. 2023):
+            the number of key and value heads, dividing `num_heads` (1:
+            multi-query attention); `None` (default): `num_heads`. Query head
+            `n` attends with key/value head `n // (num_heads /
+            num_key_value_heads)`, as in `keras.layers.GroupQueryAttention`;
+            the key and value projections and the cache hold only those
+            heads. Written to `get_config` only when set, so configs without
+            it still load into Keras's class.
         output_dim: an alias of an integer `output_shape`; not written to
             `get_config`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -212,8 +231,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             `attention_axes=(1,)` (Keras builds the mask over axis 1), as
             `sliding_window` does.
         cache: optional KV cache, `(batch, Tmax, heads, head_dim)` keys and
-            values, either as a tuple `(key_cache, value_cache)` or stacked
-            as keras-hub's `CachedMultiHeadAttention` takes it,
+            values (`heads`: `num_key_value_heads` when set), either as a
+            tuple `(key_cache, value_cache)` or stacked as keras-hub's
+            `CachedMultiHeadAttention` takes it,
             `(batch, 2, Tmax, heads, head_dim)`. With `cache_update_index`,
             the projected keys and values of this call are written into the
             cache at that index (`keras_attn.ops.update_cache`) and the query
@@ -264,10 +284,19 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         use_gate: bool = False,
         seed: int | None = None,
         *,
+        num_key_value_heads: int | None = None,
         output_dim: int | None = None,
         **kwargs,
     ):
         _check_size("num_heads", num_heads)
+        _check_size("num_key_value_heads", num_key_value_heads, allow_none=True)
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise ValueError(
+                "`num_heads` must be divisible by `num_key_value_heads` (each "
+                "key/value head serves the same number of query heads). "
+                f"Received: num_heads={num_heads}, "
+                f"num_key_value_heads={num_key_value_heads}"
+            )
         _check_size("key_dim", key_dim)
         _check_size("value_dim", value_dim, allow_none=True)
         dropout = v.check_rate("dropout", dropout)
@@ -329,6 +358,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self.sliding_window = sliding_window
         self.use_gate = use_gate
         self._projection_shape = output_shape  # None or a tuple
+        self.num_key_value_heads = (
+            None if num_key_value_heads is None else int(num_key_value_heads)
+        )
         # The dropout draws from Keras's `_dropout_layer` (its seed generator),
         # on every path: the layer owns Keras's one seed generator.
 
@@ -366,6 +398,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """The output size when `output_shape` is one int (else `None`)."""
         shape = self._projection_shape
         return shape[0] if shape is not None and len(shape) == 1 else None
+
+    @property
+    def key_value_heads(self) -> int:
+        """The heads of the keys, values and cache: `num_key_value_heads`, or
+        `num_heads` when it is not set."""
+        return self.num_key_value_heads or self.num_heads
 
     @property
     def gate_dense(self):
@@ -407,11 +445,54 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 )
         # Keras compares the non-last dimensions of key and value exactly;
         # they were checked above allowing unknown sizes.
-        super().build(query_shape, value_shape, (*value_shape[:-1], key_shape[-1]))
+        key_shape = (*value_shape[:-1], key_shape[-1])
+        if self.key_value_heads == self.num_heads:
+            super().build(query_shape, value_shape, key_shape)
+        else:
+            self._build_grouped(query_shape, value_shape, key_shape)
         for dense in self._projections():
             # Masks are handled by this layer; let a Keras mask on the input
             # pass the projection instead of warning that it is dropped.
             dense.supports_masking = True
+
+    def _build_grouped(self, query_shape, value_shape, key_shape):
+        """Keras's `build` (the same sublayers, names, equations and order)
+        with key and value projections of `num_key_value_heads` heads."""
+
+        def projection(shape, heads, dim, name, activation=None):
+            equation, bias_axes, rank = _build_proj_equation(
+                len(shape) - 1, bound_dims=1, output_dims=2
+            )
+            dense = keras.layers.EinsumDense(
+                equation,
+                output_shape=_get_output_shape(rank - 1, [heads, dim]),
+                bias_axes=bias_axes if self._use_bias else None,
+                activation=activation,
+                name=name,
+                **self._get_common_kwargs_for_sublayer(),
+            )
+            dense.build(shape)
+            return dense, rank
+
+        heads = self.num_key_value_heads
+        self._query_dense, _ = projection(
+            query_shape, self._num_heads, self._key_dim, "query"
+        )
+        self._key_dense, _ = projection(key_shape, heads, self._key_dim, "key")
+        if self._use_gate:
+            self._gate_dense, _ = projection(
+                query_shape, self._num_heads, self._value_dim, "gate", "sigmoid"
+            )
+        self._value_dense, rank = projection(
+            value_shape, heads, self._value_dim, "value"
+        )
+        self._build_attention(rank)
+        self._output_dense = self._make_output_dense(
+            query_shape, self._get_common_kwargs_for_sublayer(), "attention_output"
+        )
+        shape = list(self._query_dense.compute_output_shape(query_shape))
+        shape[-1] = self._value_dim
+        self._output_dense.build(tuple(shape))
 
     def _projections(self):
         dense = [self.query_dense, self.key_dense, self.value_dense, self.output_dense]
@@ -474,7 +555,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 ("key_cache", cache[0], self.key_dim),
                 ("value_cache", cache[1], self.value_dim),
             ):
-                v.check_mask_shape(name, tensor, (None, None, self.num_heads, dim))
+                v.check_mask_shape(
+                    name, tensor, (None, None, self.key_value_heads, dim)
+                )
             return False
         if not hasattr(cache, "shape") or len(cache.shape) != 5:
             raise ValueError(
@@ -489,7 +572,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"value_dim={self.value_dim}"
             )
         v.check_mask_shape(
-            "cache", cache, (None, 2, None, self.num_heads, self.key_dim)
+            "cache", cache, (None, 2, None, self.key_value_heads, self.key_dim)
         )
         return True
 
@@ -917,10 +1000,13 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         if scaled:
             arguments["query_is_scaled"] = True
+        groups = self.num_heads // self.key_value_heads
         attended, weights = self._compute_attention(
             query_heads,
-            key_heads,
-            value_heads,
+            # Keras's `_compute_attention` pairs heads one to one; keras-attn's
+            # reads the key/value heads as they are.
+            key_heads if scaled else repeat_key_value_heads(key_heads, groups),
+            value_heads if scaled else repeat_key_value_heads(value_heads, groups),
             training=training,
             return_attention_scores=return_attention_scores,
             **arguments,
@@ -1138,5 +1224,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     def get_config(self):
         config = super().get_config()
         config["flash_attention"] = self.flash_attention
+        if self.num_key_value_heads is not None:
+            # Only when set: configs without it still load into Keras's class.
+            config["num_key_value_heads"] = self.num_key_value_heads
         # Quantized projections keep their policies through save/load.
         return with_quantized_policies(self, config)

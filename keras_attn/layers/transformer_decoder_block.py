@@ -111,6 +111,10 @@ class TransformerDecoder(TransformerBlockBase):
             `dropout`.
         flash_attention: the attention path, as in `MultiHeadAttention`.
         seed: seed of the dropouts.
+        num_key_value_heads: grouped-query attention: the key/value heads of
+            the attention layers, dividing `num_heads` (`None`: `num_heads`;
+            see `keras_attn.layers.MultiHeadAttention`). In `get_config`
+            only when set.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -241,7 +245,8 @@ class TransformerDecoder(TransformerBlockBase):
             max_length: number of positions the cache holds.
             dtype: defaults to the block's compute dtype.
             stacked: keras-hub's form, one `(batch_size, 2, max_length,
-                num_heads, head_dim)` tensor, instead of keras-attn's tuple.
+                heads, head_dim)` tensor, instead of keras-attn's tuple
+                (`heads`: `num_key_value_heads` when set).
 
         Returns:
             `(key_cache, value_cache)`, two zero tensors `(batch_size,
@@ -250,13 +255,13 @@ class TransformerDecoder(TransformerBlockBase):
         self._check_built("initial_cache")
         dtype = dtype or self.compute_dtype
         attention = self._self_attention_layer
-        key_shape = (batch_size, max_length, self.num_heads, attention.key_dim)
+        heads = attention.key_value_heads
+        key_shape = (batch_size, max_length, heads, attention.key_dim)
         if stacked:
             return ops.zeros(
-                (batch_size, 2, max_length, self.num_heads, attention.key_dim),
-                dtype=dtype,
+                (batch_size, 2, max_length, heads, attention.key_dim), dtype=dtype
             )
-        value_shape = (batch_size, max_length, self.num_heads, attention.value_dim)
+        value_shape = (batch_size, max_length, heads, attention.value_dim)
         return ops.zeros(key_shape, dtype=dtype), ops.zeros(value_shape, dtype=dtype)
 
     def compute_cross_attention_cache(self, encoder_sequence):

@@ -63,6 +63,10 @@ class TransformerEncoder(TransformerBlockBase):
             long sequences, else the explicit path).
         flash_attention: the attention path, as in `MultiHeadAttention`.
         seed: seed of the dropouts.
+        num_key_value_heads: grouped-query attention: the key/value heads of
+            the attention layers, dividing `num_heads` (`None`: `num_heads`;
+            see `keras_attn.layers.MultiHeadAttention`). In `get_config`
+            only when set.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:

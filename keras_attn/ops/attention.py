@@ -338,10 +338,20 @@ def dot_product_attention(
     them block by block, so no `(Tq, Tk)` tensor is built on it beyond an
     explicit `mask` itself; the other paths combine them into one mask.
 
+    Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
+    fewer heads `K` than `query`'s `N` (`N` a multiple of `K`; `K = 1` is
+    multi-query attention). Query head `n` attends with key/value head
+    `n // (N / K)`, as `keras.layers.GroupQueryAttention` pairs them after
+    `ops.repeat(key, N // K, axis=2)`. The explicit path multiplies each
+    group of query heads with its key head (no repeated keys); the fused path
+    passes the heads as they are (`keras.ops.dot_product_attention` takes
+    `K < N`); the memory-efficient path repeats the keys and values, memory
+    still linear in the lengths.
+
     Args:
         query: `(B, Tq, N, H)`.
-        key: `(B, Tk, N, H)`.
-        value: `(B, Tk, N, Hv)`.
+        key: `(B, Tk, K, H)`, `K` dividing `N` (`K = N` by default).
+        value: `(B, Tk, K, Hv)`.
         mask: optional boolean tensor broadcastable to `(B, N, Tq, Tk)`, `True`
             for query-key pairs that take part.
         scale: multiplier of the logits; `1/sqrt(H)` by default.
@@ -371,6 +381,7 @@ def dot_product_attention(
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
+    groups = key_value_groups(query.shape, key.shape, value.shape)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     mask = padding_mask(mask)
@@ -458,8 +469,8 @@ def dot_product_attention(
     def memory_efficient():
         return memory_efficient_attention(
             query,
-            key,
-            value,
+            repeat_key_value_heads(key, groups),
+            repeat_key_value_heads(value, groups),
             attention_mask=mask,
             scale=scale,
             dropout_rate=dropout_rate,
@@ -477,6 +488,7 @@ def dot_product_attention(
             scale,
             dropout_rate if dropout_active else 0.0,
             seed_generator,
+            groups,
         )
 
     if path == MEMORY_EFFICIENT:
@@ -546,22 +558,81 @@ def _combined(query, key, mask, components):
     )
 
 
-def _explicit_attention(query, key, value, mask, scale, dropout_rate, seed_generator):
-    """The explicit path: `(outputs (B, Tq, N, Hv), weights (B, N, Tq, Tk))`."""
+def _explicit_attention(
+    query, key, value, mask, scale, dropout_rate, seed_generator, groups=1
+):
+    """The explicit path: `(outputs (B, Tq, N, Hv), weights (B, N, Tq, Tk))`.
+
+    With `groups > 1` (keys and values of `K = N / groups` heads) each key
+    head multiplies its group of query heads at once: the group's queries are
+    stacked along the query axis, `(B, K, G·Tq, H) x (B, K, H, Tk)`."""
     logits_dtype = "float32" if query.dtype == "float16" else query.dtype
     # Batched matmuls over (B, N, T, H): the heads move next to the batch
     # once, and the backward pass transposes no (Tq, Tk) tensor.
     query = ops.transpose(ops.cast(query, logits_dtype), (0, 2, 1, 3))  # (B, N, Tq, H)
-    key = ops.transpose(ops.cast(key, logits_dtype), (0, 2, 3, 1))  # (B, N, H, Tk)
+    key = ops.transpose(ops.cast(key, logits_dtype), (0, 2, 3, 1))  # (B, K, H, Tk)
     if not (isinstance(scale, numbers.Number) and scale == 1.0):
         query = ops.multiply(query, ops.cast(scale, logits_dtype))
-    logits = ops.matmul(query, key)  # (B, N, Tq, Tk)
+    logits = ops.matmul(_group_heads(query, groups), key)  # (B, K, G·Tq, Tk)
+    logits = _ungroup_heads(logits, groups, ops.shape(query)[2])  # (B, N, Tq, Tk)
     weights = masked_softmax(logits, mask)  # float32 (B, N, Tq, Tk)
     weights = ops.cast(weights, value.dtype)
     attended = weights
     if dropout_rate > 0.0:
         attended = keras.random.dropout(weights, rate=dropout_rate, seed=seed_generator)
-    value = ops.transpose(value, (0, 2, 1, 3))  # (B, N, Tk, Hv)
-    outputs = ops.matmul(attended, value)  # (B, N, Tq, Hv)
+    value = ops.transpose(value, (0, 2, 1, 3))  # (B, K, Tk, Hv)
+    outputs = ops.matmul(_group_heads(attended, groups), value)  # (B, K, G·Tq, Hv)
+    outputs = _ungroup_heads(outputs, groups, ops.shape(query)[2])  # (B, N, Tq, Hv)
     outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, Tq, N, Hv)
     return outputs, weights
+
+
+def _group_heads(x, groups: int):
+    """`(B, N, T, D)` -> `(B, K, G·T, D)`: the `G = groups` consecutive heads
+    of each key head stacked along the time axis (nothing to do for G = 1)."""
+    if groups == 1:
+        return x
+    shape = ops.shape(x)
+    return ops.reshape(x, (shape[0], shape[1] // groups, groups * shape[2], shape[3]))
+
+
+def _ungroup_heads(x, groups: int, length):
+    """`(B, K, G·T, D)` -> `(B, N, T, D)`, the inverse of `_group_heads`."""
+    if groups == 1:
+        return x
+    shape = ops.shape(x)
+    return ops.reshape(x, (shape[0], shape[1] * groups, length, shape[3]))
+
+
+def key_value_groups(query_shape, key_shape, value_shape=None) -> int:
+    """`N / K`: how many query heads share each key/value head of
+    `(B, T, K, H)` keys (and values) for `(B, T, N, H)` queries; 1 for
+    multi-head attention. Raises a `ValueError` naming the shapes when `K`
+    does not divide `N` or the values' heads differ from the keys'."""
+    num_heads, key_heads = query_shape[2], key_shape[2]
+    if value_shape is not None and not (
+        value_shape[2] is None or key_heads is None or value_shape[2] == key_heads
+    ):
+        raise ValueError(
+            "`key` and `value` must have the same number of heads (axis 2). "
+            f"Received: key.shape={tuple(key_shape)}, "
+            f"value.shape={tuple(value_shape)}"
+        )
+    if num_heads is None or key_heads is None or num_heads == key_heads:
+        return 1
+    if not isinstance(num_heads, int) or not isinstance(key_heads, int):
+        return 1  # symbolic: only the shapes are traced
+    if num_heads % key_heads:
+        raise ValueError(
+            "The number of query heads must be a multiple of the number of "
+            "key/value heads (axis 2), as in grouped-query attention. "
+            f"Received: query.shape={tuple(query_shape)}, "
+            f"key.shape={tuple(key_shape)}"
+        )
+    return num_heads // key_heads
+
+
+def repeat_key_value_heads(x, groups: int):
+    """`(B, T, K, H)` -> `(B, T, K·groups, H)`, each head repeated `groups`
+    times in place (`keras.layers.GroupQueryAttention`'s pairing)."""
+    return x if groups == 1 else ops.repeat(x, groups, axis=2)

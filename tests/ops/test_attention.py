@@ -403,3 +403,39 @@ def test_fused_kernel_runs_reads_the_compiled_program(monkeypatch):
 @pytest.mark.tf_only
 def test_tensorflow_runs_no_fused_kernel():
     assert not fused_kernel_runs(Q, K, V)
+
+
+# -- grouped-query attention: fewer key/value heads -------------------------------
+
+Q6 = RNG.normal(size=(2, 4, 6, 8)).astype("float32")  # 6 query heads
+
+
+@pytest.mark.parametrize("key_heads", [1, 2, 3])
+@pytest.mark.parametrize("case", ["key_padding", "everything"])
+def test_grouped_heads_equal_repeated_heads_on_every_path(key_heads, case, forced_path):
+    """`K` key/value heads for 6 query heads: query head `n` reads key/value
+    head `n // (6 / K)`, what the NumPy attention of repeated heads gives,
+    weights included."""
+    k, v = K[:, :, :key_heads], V_NARROW[:, :, :key_heads]
+    arguments = component_arguments(COMPONENT_CASES[case])
+    got = to_numpy(
+        dot_product_attention(Q6, k, v, flash_attention=forced_path, **arguments)
+    )
+    groups = 6 // key_heads
+    repeated_k, repeated_v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
+    full = numpy_combined_mask(COMPONENT_CASES[case])
+    expected, expected_weights = numpy_attention(Q6, repeated_k, repeated_v, full)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    if forced_path is False:  # the explicit path returns the weights
+        _, weights = dot_product_attention(
+            Q6, k, v, flash_attention=False, return_weights=True, **arguments
+        )
+        np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=1e-6)
+
+
+def test_key_heads_must_divide_the_query_heads():
+    with pytest.raises(ValueError, match=r"multiple of the number of key/value heads"):
+        four = np.zeros((2, 6, 4, 8), "float32")
+        dot_product_attention(Q6, four, four)
+    with pytest.raises(ValueError, match=r"same number of heads \(axis 2\)"):
+        dot_product_attention(Q6, K[:, :, :2], V[:, :, :3])

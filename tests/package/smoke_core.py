@@ -44,16 +44,22 @@ def build_model() -> tuple[keras.Model, set[str]]:
     embedded = keras.layers.Embedding(vocabulary, dim)(target)  # (B, T, d)
     sinusoids = layers.SinusoidalPositionEncoding()(embedded)
     learned = layers.PositionEmbedding(target_length)(embedded)
-    decoded = keras.layers.Add()([embedded, sinusoids, learned])
+    rotated = layers.RotaryEmbedding()(embedded)  # (B, T, d) turned by position
+    decoded = keras.layers.Add()([embedded, sinusoids, learned, rotated])
     decoded = layers.TransformerDecoder(32, 2, name="decoder_block")(decoded, encoded)
-    cross = layers.MultiHeadAttention(2, 8, name="cross_attention")(decoded, encoded)
+    cross, scores = layers.MultiHeadAttention(2, 8, name="cross_attention")(
+        decoded, encoded, return_attention_scores=True
+    )  # scores (B, 2, T, S)
+    biased = keras.layers.Flatten()(layers.AlibiBias()(scores))  # (B, 2 T S)
+    grouped = layers.GroupedQueryAttention(8, 2, 1, name="grouped")(decoded, encoded)
     additive = layers.BahdanauAttention(8, name="bahdanau")(decoded, encoded)
     multiplicative = layers.LuongAttention("general", name="luong")(decoded, encoded)
     recurrent = layers.BahdanauDecoder(12, name="rnn_decoder")(decoded, encoded)
     features = keras.layers.Concatenate()(
-        [cross, additive, multiplicative, recurrent]
-    )  # (B, T, 3d + 12 + d)
+        [cross, grouped, additive, multiplicative, recurrent]
+    )  # (B, T, 4d + 12 + d)
     pooled = layers.AttentionPooling(8, name="pooling")(features)  # (B, F)
+    pooled = keras.layers.Concatenate()([pooled, biased])
     outputs = keras.layers.Dense(1, activation="sigmoid")(pooled)
     model = keras.Model([source, target], outputs, name="every_layer")
     used = {type(layer).__name__ for layer in model.layers}
