@@ -66,6 +66,7 @@ def test_outputs_and_weights_equal_keras(arguments, options):
 
 def test_variables_configs_and_weight_files_move_both_ways(tmp_path):
     ours, theirs = pair(use_gate=True, dropout=0.1, seed=3)
+
     def paths(layer):  # below the layer's own name
         return [w.path.split("/", 1)[1] for w in layer.weights]
 
