@@ -225,9 +225,7 @@ class Translator(keras.Model):
                     input_signature=[tf.TensorSpec([None, source_width], tf.int32)],
                 )
             elif backend == "jax":
-                import jax
-
-                decode = jax.jit(decode)
+                decode = _jit_reading_weights(self, decode)
             compiled[key] = (decode, knn)  # knn kept alive: its id is the key
         return compiled[key][0]
 
@@ -466,3 +464,22 @@ class _CallWithNeighbors:
         return self.translator.call_with_cache(
             token_ids, cache, index, nearest_neighbors=self.nearest_neighbors
         )
+
+
+def _jit_reading_weights(model, fn):
+    """`jax.jit(fn)` that reads `model`'s weights at each call: they are
+    arguments of the compiled function (mapped onto the variables by a
+    `keras.StatelessScope`), not constants of its trace, so weights trained or
+    loaded after the first call are the ones used."""
+    import jax
+
+    variables = list(model.variables)
+
+    def stateless(values, *args):
+        with keras.StatelessScope(
+            state_mapping=list(zip(variables, values, strict=True))
+        ):
+            return fn(*args)
+
+    compiled = jax.jit(stateless)
+    return lambda *args: compiled([variable.value for variable in variables], *args)

@@ -37,3 +37,31 @@ def test_the_compiled_pass_answers_as_the_model_for_any_rows_and_new_weights():
     after = forward(ids)
     np.testing.assert_allclose(after, keras.ops.convert_to_numpy(model(ids)), atol=1e-6)
     assert not np.allclose(after, before)
+
+
+def test_the_translators_compiled_decoding_reads_new_weights():
+    """`translate`'s decoding is compiled once per setting (`tf.function`,
+    `jax.jit`) and kept: weights set afterwards are the ones it decodes with,
+    as the eager decoding does."""
+    from keras_attn.models import TransformerTranslator
+
+    model = TransformerTranslator(
+        30, 30, sequence_length=9, embedding_dim=16, num_encoder_layers=1,
+        num_decoder_layers=1, num_heads=2, intermediate_dim=32,
+        shared_vocabulary=True,
+    )  # fmt: skip
+    ids = np.array([[5, 6, 7, 8, 0, 0, 0, 0], [9, 10, 0, 0, 0, 0, 0, 0]], "int32")
+    decode = model._compiled_decoding(8, 2, 1.0, None, source_width=8)
+    first = keras.ops.convert_to_numpy(decode(ids)[0])
+    np.testing.assert_array_equal(
+        first, keras.ops.convert_to_numpy(model.translate_ids(ids, 8, 2, 1.0)[0])
+    )
+    rng = np.random.default_rng(0)
+    model.set_weights(
+        [rng.normal(size=w.shape).astype("float32") for w in model.get_weights()]
+    )
+    decode = model._compiled_decoding(8, 2, 1.0, None, source_width=8)
+    again = keras.ops.convert_to_numpy(decode(ids)[0])
+    eager = keras.ops.convert_to_numpy(model.translate_ids(ids, 8, 2, 1.0)[0])
+    np.testing.assert_array_equal(again, eager)
+    assert not np.array_equal(again, first)  # the new weights decode otherwise
