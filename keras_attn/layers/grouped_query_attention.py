@@ -7,10 +7,14 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers.multi_head_attention import _check_size
+from keras_attn.layers.multi_head_attention import (
+    _check_size,
+    check_cache,
+    mask_components,
+    updated_cache,
+)
 from keras_attn.ops.attention import check_flash_attention, dot_product_attention
-from keras_attn.ops.cache import update_cache
-from keras_attn.ops.masks import combine_masks, rows_with_keys, split_attention_mask
+from keras_attn.ops.masks import combine_masks
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -182,25 +186,9 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
 
     def _check_cache(self, cache) -> bool:
         """Validate either cache form; `True` for keras-hub's stacked tensor."""
-        heads, dim = self.num_key_value_heads, self.head_dim
-        if isinstance(cache, (tuple, list)):
-            if len(cache) != 2:
-                raise ValueError(
-                    "`cache` must be a tuple (key_cache, value_cache) or a "
-                    "stacked (batch, 2, Tmax, num_key_value_heads, head_dim) "
-                    f"tensor. Received: cache={cache!r}"
-                )
-            for name, tensor in zip(("key_cache", "value_cache"), cache, strict=True):
-                v.check_mask_shape(name, tensor, (None, None, heads, dim))
-            return False
-        if not hasattr(cache, "shape") or len(cache.shape) != 5:
-            raise ValueError(
-                "`cache` must be a tuple (key_cache, value_cache) or a stacked "
-                "(batch, 2, Tmax, num_key_value_heads, head_dim) tensor. "
-                f"Received: cache={cache!r}"
-            )
-        v.check_mask_shape("cache", cache, (None, 2, None, heads, dim))
-        return True
+        return check_cache(
+            cache, self.num_key_value_heads, self.head_dim, self.head_dim
+        )
 
     def call(
         self,
@@ -257,22 +245,15 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         if cache is None:
             key_heads, value_heads = new_keys, new_values
         else:
-            if stacked:  # (B, 2, Tmax, K, H)
-                key_cache, value_cache = cache[:, 0, ...], cache[:, 1, ...]
-            else:
-                key_cache, value_cache = cache
-            if cache_update_index is None:
-                key_heads, value_heads = key_cache, value_cache
-            else:
-                key_heads = update_cache(key_cache, new_keys, cache_update_index)
-                value_heads = update_cache(value_cache, new_values, cache_update_index)
-            cache = (
-                ops.stack((key_heads, value_heads), axis=1)
-                if stacked
-                else (key_heads, value_heads)
+            key_heads, value_heads, cache = updated_cache(
+                cache,
+                stacked,
+                None if cache_update_index is None else new_keys,
+                None if cache_update_index is None else new_values,
+                cache_update_index,
             )
         offset = 0 if cache_update_index is None else cache_update_index
-        masks, has_keys = self._mask_components(
+        explicit, key_padding, query_padding, has_keys = mask_components(
             query_heads,
             key_heads,
             query_mask,
@@ -281,12 +262,13 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             attention_mask,
             use_causal_mask,
             offset,
+            self.sliding_window,
         )
         attended = dot_product_attention(
             query_heads,
             ops.cast(key_heads, query_heads.dtype),
             ops.cast(value_heads, query_heads.dtype),
-            mask=masks["mask"],
+            mask=explicit,
             scale=self._inverse_sqrt_head_dim,
             return_weights=return_attention_scores,
             dropout_rate=self.dropout,
@@ -294,8 +276,8 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             seed_generator=self._dropout_layer.seed_generator if self.dropout else None,
             is_causal=bool(use_causal_mask),
             flash_attention=self.flash_attention,
-            key_padding_mask=masks["key_padding_mask"],
-            query_padding_mask=masks["query_padding_mask"],
+            key_padding_mask=key_padding,
+            query_padding_mask=query_padding,
             causal_offset=offset,
             sliding_window=self.sliding_window,
         )  # (B, Tq, N, H) [, (B, N, Tq, Tk)]
@@ -313,57 +295,6 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         if cache is not None:
             result += (cache,)
         return result[0] if len(result) == 1 else result
-
-    def _mask_components(
-        self,
-        query_heads,
-        key_heads,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        offset,
-    ):
-        """The call's masks as `dot_product_attention`'s components, and the
-        `(B|1, Tq)` query rows that have a key (or `None`)."""
-        batch = ops.shape(query_heads)[0]
-        query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
-        mask_keys, mask_queries, explicit = split_attention_mask(attention_mask)
-        if explicit is not None:
-            explicit_shape = ops.shape(explicit)
-            explicit = ops.broadcast_to(
-                explicit,
-                (explicit_shape[0], explicit_shape[1], query_length, key_length),
-            )  # (B|1, N|1, Tq, Tk)
-        key_padding = combine_masks(
-            value_mask,
-            key_mask,
-            None
-            if mask_keys is None
-            else ops.broadcast_to(mask_keys, (batch, key_length)),
-        )  # (B, Tk)
-        query_padding = combine_masks(
-            query_mask,
-            None
-            if mask_queries is None
-            else ops.broadcast_to(mask_queries, (batch, query_length)),
-        )  # (B, Tq)
-        has_keys = rows_with_keys(
-            query_length,
-            key_length,
-            attention_mask=None if explicit is None else ops.any(explicit, axis=1),
-            key_padding_mask=key_padding,
-            query_padding_mask=query_padding,
-            causal=bool(use_causal_mask),
-            offset=offset,
-            sliding_window=self.sliding_window,
-        )  # (B|1, Tq) or None
-        return {
-            "mask": explicit,
-            "key_padding_mask": key_padding,
-            "query_padding_mask": query_padding,
-        }, has_keys
 
     def compute_output_spec(
         self,

@@ -111,6 +111,117 @@ def _product(dims):
     return result
 
 
+def check_cache(cache, heads: int, key_dim: int, value_dim: int) -> bool:
+    """Validate a KV cache of `heads` key/value heads, either form: a tuple
+    `(key_cache, value_cache)` of `(B, Tmax, heads, key_dim | value_dim)`, or
+    keras-hub's stacked `(B, 2, Tmax, heads, head_dim)` (`key_dim ==
+    value_dim`). Returns `True` for the stacked form."""
+    if isinstance(cache, (tuple, list)):
+        if len(cache) != 2:
+            raise ValueError(
+                "`cache` must be a tuple (key_cache, value_cache) or a "
+                "stacked (batch, 2, Tmax, heads, head_dim) tensor. "
+                f"Received: cache={cache!r}"
+            )
+        for name, tensor, dim in (
+            ("key_cache", cache[0], key_dim),
+            ("value_cache", cache[1], value_dim),
+        ):
+            v.check_mask_shape(name, tensor, (None, None, heads, dim))
+        return False
+    if not hasattr(cache, "shape") or len(cache.shape) != 5:
+        raise ValueError(
+            "`cache` must be a tuple (key_cache, value_cache) or a stacked "
+            "(batch, 2, Tmax, heads, head_dim) tensor. Received: "
+            f"cache={cache!r}"
+        )
+    if key_dim != value_dim:
+        raise ValueError(
+            "A stacked cache needs `value_dim == key_dim`; pass a tuple "
+            f"(key_cache, value_cache). Received: key_dim={key_dim}, "
+            f"value_dim={value_dim}"
+        )
+    v.check_mask_shape("cache", cache, (None, 2, None, heads, key_dim))
+    return True
+
+
+def updated_cache(cache, stacked: bool, new_keys, new_values, cache_update_index):
+    """`(key_heads, value_heads, cache)`: the heads attended to and the cache
+    returned, in its form. With `cache_update_index`, `new_keys` /
+    `new_values` `(B, T, heads, dim)` are written into the cache there
+    (`update_cache`); without it the cache is used as it is."""
+    if stacked:  # (B, 2, Tmax, heads, dim)
+        key_cache, value_cache = cache[:, 0, ...], cache[:, 1, ...]
+    else:
+        key_cache, value_cache = cache
+    if cache_update_index is None:
+        key_heads, value_heads = key_cache, value_cache  # (B, Tmax, heads, dim)
+    else:
+        key_heads = update_cache(key_cache, new_keys, cache_update_index)
+        value_heads = update_cache(value_cache, new_values, cache_update_index)
+    cache = (
+        ops.stack((key_heads, value_heads), axis=1)  # (B, 2, Tmax, heads, dim)
+        if stacked
+        else (key_heads, value_heads)
+    )
+    return key_heads, value_heads, cache
+
+
+def mask_components(
+    query_heads,
+    key_heads,
+    query_mask,
+    value_mask,
+    key_mask,
+    attention_mask,
+    use_causal_mask,
+    offset,
+    sliding_window,
+):
+    """The masks of a rank-3 call as attention's components:
+    `(explicit, key_padding, query_padding, has_keys)`.
+
+    `attention_mask` is split as `split_attention_mask` does: a key padding
+    mask in disguise (`(B, 1, Tk)`, `(B, 1, 1, Tk)`) joins the key padding
+    `(B, Tk)` with `value_mask` and `key_mask`, a query one the query padding
+    `(B, Tq)` with `query_mask`, and what remains stays an explicit mask
+    `(B|1, N|1, Tq, Tk)` without its broadcast batch or heads axes, so the
+    memory-efficient path builds no `(B, Tq, Tk)` tensor for them.
+    `has_keys` is `(B|1, Tq)`, the query rows with a key to attend to under
+    every mask (or `None`)."""
+    batch = ops.shape(query_heads)[0]
+    query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
+    mask_keys, mask_queries, explicit = split_attention_mask(attention_mask)
+    if explicit is not None:
+        explicit_shape = ops.shape(explicit)
+        explicit = ops.broadcast_to(
+            explicit,
+            (explicit_shape[0], explicit_shape[1], query_length, key_length),
+        )  # (B|1, N|1, Tq, Tk): the batch and heads stay as given
+    key_padding = combine_masks(
+        value_mask,
+        key_mask,
+        None if mask_keys is None else ops.broadcast_to(mask_keys, (batch, key_length)),
+    )  # (B, Tk)
+    query_padding = combine_masks(
+        query_mask,
+        None
+        if mask_queries is None
+        else ops.broadcast_to(mask_queries, (batch, query_length)),
+    )  # (B, Tq)
+    has_keys = rows_with_keys(
+        query_length,
+        key_length,
+        attention_mask=None if explicit is None else ops.any(explicit, axis=1),
+        key_padding_mask=key_padding,
+        query_padding_mask=query_padding,
+        causal=bool(use_causal_mask),
+        offset=offset,
+        sliding_window=sliding_window,
+    )  # (B|1, Tq) or None
+    return explicit, key_padding, query_padding, has_keys
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.MultiHeadAttention):
     """Multi-head attention of Vaswani et al. (2017), a drop-in for Keras's.
@@ -544,37 +655,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def _check_cache(self, cache) -> bool:
         """Validate either cache form; `True` for keras-hub's stacked tensor."""
-        if isinstance(cache, (tuple, list)):
-            if len(cache) != 2:
-                raise ValueError(
-                    "`cache` must be a tuple (key_cache, value_cache) or a "
-                    "stacked (batch, 2, Tmax, heads, head_dim) tensor. "
-                    f"Received: cache={cache!r}"
-                )
-            for name, tensor, dim in (
-                ("key_cache", cache[0], self.key_dim),
-                ("value_cache", cache[1], self.value_dim),
-            ):
-                v.check_mask_shape(
-                    name, tensor, (None, None, self.key_value_heads, dim)
-                )
-            return False
-        if not hasattr(cache, "shape") or len(cache.shape) != 5:
-            raise ValueError(
-                "`cache` must be a tuple (key_cache, value_cache) or a stacked "
-                "(batch, 2, Tmax, heads, head_dim) tensor. Received: "
-                f"cache={cache!r}"
-            )
-        if self.key_dim != self.value_dim:
-            raise ValueError(
-                "A stacked cache needs `value_dim == key_dim`; pass a tuple "
-                f"(key_cache, value_cache). Received: key_dim={self.key_dim}, "
-                f"value_dim={self.value_dim}"
-            )
-        v.check_mask_shape(
-            "cache", cache, (None, 2, None, self.key_value_heads, self.key_dim)
-        )
-        return True
+        return check_cache(cache, self.key_value_heads, self.key_dim, self.value_dim)
 
     @staticmethod
     def _cache_length(cache):
@@ -969,19 +1050,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if cache is None:
             key_heads, value_heads = new_keys, new_values
         else:
-            if stacked:  # (B, 2, Tmax, N, H)
-                key_cache, value_cache = cache[:, 0, ...], cache[:, 1, ...]
-            else:
-                key_cache, value_cache = cache
-            if cache_update_index is None:
-                key_heads, value_heads = key_cache, value_cache  # (B, Tmax, N, H)
-            else:
-                key_heads = update_cache(key_cache, new_keys, cache_update_index)
-                value_heads = update_cache(value_cache, new_values, cache_update_index)
-            cache = (
-                ops.stack((key_heads, value_heads), axis=1)  # (B, 2, Tmax, N, H)
-                if stacked
-                else (key_heads, value_heads)
+            key_heads, value_heads, cache = updated_cache(
+                cache,
+                stacked,
+                None if cache_update_index is None else new_keys,
+                None if cache_update_index is None else new_values,
+                cache_update_index,
             )
         if rank == 3:
             arguments, has_keys = self._mask_components(
@@ -1037,48 +1111,24 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         offset,
     ):
         """The masks of a rank-3 call as `_compute_attention`'s arguments, and
-        the `(B|1, Tq)` rows that have a key (or `None`).
-
-        `attention_mask` is split as `split_attention_mask` does: a key
-        padding mask in disguise (`(B, 1, Tk)`, `(B, 1, 1, Tk)`) joins the
-        key padding, a query one the query padding, and what remains stays a
-        mask without its broadcast batch or heads axes, so the
-        memory-efficient path builds no `(B, Tq, Tk)` tensor for them.
-        """
-        batch = ops.shape(query_heads)[0]
-        query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
-        mask_keys, mask_queries, explicit = split_attention_mask(attention_mask)
-        if explicit is not None:
-            explicit_shape = ops.shape(explicit)
-            explicit = ops.broadcast_to(
-                explicit,
-                (explicit_shape[0], explicit_shape[1], query_length, key_length),
-            )  # (B|1, N|1, Tq, Tk): the batch and heads stay as given
-        key_padding = combine_masks(
+        the `(B|1, Tq)` rows that have a key (or `None`): `mask_components`'s
+        split, or for a subclass that overrides `_compute_attention` every
+        mask combined into Keras's `attention_mask`."""
+        explicit, key_padding, query_padding, has_keys = mask_components(
+            query_heads,
+            key_heads,
+            query_mask,
             value_mask,
             key_mask,
-            None
-            if mask_keys is None
-            else ops.broadcast_to(mask_keys, (batch, key_length)),
-        )  # (B, Tk)
-        query_padding = combine_masks(
-            query_mask,
-            None
-            if mask_queries is None
-            else ops.broadcast_to(mask_queries, (batch, query_length)),
-        )  # (B, Tq)
-        has_keys = rows_with_keys(
-            query_length,
-            key_length,
-            attention_mask=None if explicit is None else ops.any(explicit, axis=1),
-            key_padding_mask=key_padding,
-            query_padding_mask=query_padding,
-            causal=bool(use_causal_mask),
-            offset=offset,
-            sliding_window=self.sliding_window,
-        )  # (B|1, Tq) or None
+            attention_mask,
+            use_causal_mask,
+            offset,
+            self.sliding_window,
+        )
         if self._overrides_compute_attention():
             # Keras's arguments only: every mask in one (B|1, N|1, Tq, Tk).
+            query_length = ops.shape(query_heads)[1]
+            key_length = ops.shape(key_heads)[1]
             band = None
             if use_causal_mask:
                 band = causal_mask(query_length, key_length, offset)
