@@ -20,7 +20,11 @@ from keras_attn.ops.masks import (
     padding_mask,
     sliding_window_mask,
 )
-from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
+from keras_attn.ops.memory_efficient_attention import (
+    alibi_bias,
+    check_alibi_slopes,
+    memory_efficient_attention,
+)
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -65,6 +69,7 @@ def attention_path(
     dropout_active: bool = False,
     same_head_dims: bool = True,
     fused_kernel: bool = False,
+    alibi: bool = False,
     query_length: int | None = None,
     key_length: int | None = None,
     dtype="float32",
@@ -82,6 +87,8 @@ def attention_path(
       kernels, a TPU kernel). Where none runs (TensorFlow; JAX on a CPU, or
       on a GPU in float32), `keras.ops.dot_product_attention` is plain
       matmuls and a softmax over the `(Tq, Tk)` logits, so it is not taken.
+      Nor is it with ALiBi (`alibi`): `keras.ops.dot_product_attention`
+      takes no bias, so such a call is one that no fused kernel runs.
     - `"memory_efficient"`: `keras_attn.ops.memory_efficient_attention`,
       blocks of queries and keys, memory linear in the lengths in both
       passes; dropout included.
@@ -141,6 +148,7 @@ def attention_path(
         return EXPLICIT
     fused = (
         fused_kernel
+        and not alibi
         and backend != "tensorflow"
         and not dropout_active
         and same_head_dims
@@ -318,6 +326,7 @@ def dot_product_attention(
     query_padding_mask=None,
     causal_offset=0,
     sliding_window: int | None = None,
+    alibi_slopes=None,
 ):
     """Scaled dot-product attention over heads, on the path that suits the call.
 
@@ -338,15 +347,26 @@ def dot_product_attention(
     them block by block, so no `(Tq, Tk)` tensor is built on it beyond an
     explicit `mask` itself; the other paths combine them into one mask.
 
+    ALiBi (Press et al. 2022) is a component as well: with `alibi_slopes`,
+    the logit of query `i` and key `j` in query head `n` gets
+    `alibi_slopes[n] * (j - (i + causal_offset))` after the scale (the
+    query's position is the one the causal mask and the sliding window use),
+    computed in float32 before the softmax; the explicit path adds the
+    `(N, Tq, Tk)` bias to its logits (the weights it returns include it), the
+    memory-efficient path computes it block by block. No fused kernel takes
+    a bias, so a call with `alibi_slopes` never takes the fused path: it
+    goes to the memory-efficient or the explicit path by the rule for calls
+    that no fused kernel runs (`attention_path`).
+
     Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
     fewer heads `K` than `query`'s `N` (`N` a multiple of `K`; `K = 1` is
     multi-query attention). Query head `n` attends with key/value head
     `n // (N / K)`, as `keras.layers.GroupQueryAttention` pairs them after
-    `ops.repeat(key, N // K, axis=2)`. The explicit path multiplies each
-    group of query heads with its key head (no repeated keys); the fused path
-    passes the heads as they are (`keras.ops.dot_product_attention` takes
-    `K < N`); the memory-efficient path repeats the keys and values, memory
-    still linear in the lengths.
+    `ops.repeat(key, N // K, axis=2)`. No path repeats the keys and values:
+    the explicit path multiplies each group of query heads with its key head,
+    the memory-efficient path does the same block by block (its key and value
+    gradients summed over each group), and the fused path passes the heads as
+    they are (`keras.ops.dot_product_attention` takes `K < N`).
 
     Args:
         query: `(B, Tq, N, H)`.
@@ -369,10 +389,14 @@ def dot_product_attention(
             that exist (the others get zero outputs).
         causal_offset: the position of the first query among the keys (int
             or scalar tensor), as `cache_update_index` in cached decoding;
-            for `is_causal` and `sliding_window`.
+            for `is_causal`, `sliding_window` and `alibi_slopes`.
         sliding_window: optional positive int: query `i` sees key `j` only
             when `|i + causal_offset - j| < sliding_window`
             (`sliding_window_mask`).
+        alibi_slopes: optional float tensor `(N,)`, ALiBi's slope of each
+            query head (`keras_attn.layers.alibi_bias.alibi_slopes(N)`), see
+            above. The slopes are fixed: the memory-efficient path gives them
+            no gradient.
 
     Returns:
         `outputs` `(B, Tq, N, Hv)`, or `(outputs, weights)` with
@@ -382,6 +406,7 @@ def dot_product_attention(
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
     groups = key_value_groups(query.shape, key.shape, value.shape)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, query.shape[2])
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     mask = padding_mask(mask)
@@ -433,6 +458,8 @@ def dot_product_attention(
     fused_kernel = (
         # jax.nn.dot_product_attention needs value heads as wide as key heads.
         same_head_dims
+        # Nor does it take a bias: with ALiBi there is nothing to probe.
+        and alibi_slopes is None
         and not explicit_only
         and not return_weights
         and not dropout_active
@@ -459,6 +486,7 @@ def dot_product_attention(
         dropout_active=dropout_active,
         same_head_dims=same_head_dims,
         fused_kernel=fused_kernel,
+        alibi=alibi_slopes is not None,
         query_length=query_length,
         key_length=key_length,
         dtype=query.dtype,
@@ -467,15 +495,17 @@ def dot_product_attention(
         path = EXPLICIT
 
     def memory_efficient():
+        # `K` key/value heads as they are: the blocks group the query heads.
         return memory_efficient_attention(
             query,
-            repeat_key_value_heads(key, groups),
-            repeat_key_value_heads(value, groups),
+            key,
+            value,
             attention_mask=mask,
             scale=scale,
             dropout_rate=dropout_rate,
             training=training,
             seed_generator=seed_generator,
+            alibi_slopes=alibi_slopes,
             **components,
         )
 
@@ -489,6 +519,7 @@ def dot_product_attention(
             dropout_rate if dropout_active else 0.0,
             seed_generator,
             groups,
+            alibi=(None if alibi_slopes is None else (alibi_slopes, causal_offset)),
         )
 
     if path == MEMORY_EFFICIENT:
@@ -559,13 +590,24 @@ def _combined(query, key, mask, components):
 
 
 def _explicit_attention(
-    query, key, value, mask, scale, dropout_rate, seed_generator, groups=1
+    query,
+    key,
+    value,
+    mask,
+    scale,
+    dropout_rate,
+    seed_generator,
+    groups=1,
+    alibi=None,
 ):
     """The explicit path: `(outputs (B, Tq, N, Hv), weights (B, N, Tq, Tk))`.
 
     With `groups > 1` (keys and values of `K = N / groups` heads) each key
     head multiplies its group of query heads at once: the group's queries are
-    stacked along the query axis, `(B, K, G·Tq, H) x (B, K, H, Tk)`."""
+    stacked along the query axis, `(B, K, G·Tq, H) x (B, K, H, Tk)`.
+
+    `alibi`: `None` or `(slopes, causal_offset)`, float32 slopes `(N,)` of
+    the query heads; their bias is added to the logits in float32."""
     logits_dtype = "float32" if query.dtype == "float16" else query.dtype
     # Batched matmuls over (B, N, T, H): the heads move next to the batch
     # once, and the backward pass transposes no (Tq, Tk) tensor.
@@ -575,6 +617,17 @@ def _explicit_attention(
         query = ops.multiply(query, ops.cast(scale, logits_dtype))
     logits = ops.matmul(_group_heads(query, groups), key)  # (B, K, G·Tq, Tk)
     logits = _ungroup_heads(logits, groups, ops.shape(query)[2])  # (B, N, Tq, Tk)
+    if alibi is not None:
+        slopes, offset = alibi
+        query_positions = ops.arange(ops.shape(query)[2], dtype="int32") + ops.cast(
+            offset, "int32"
+        )  # (Tq,)
+        key_positions = ops.arange(ops.shape(key)[3], dtype="int32")  # (Tk,)
+        # float32 (bfloat16 logits would round the bias of distant keys).
+        logits = (
+            ops.cast(logits, "float32")
+            + alibi_bias(slopes, key_positions, query_positions)[None]
+        )  # (B, N, Tq, Tk)
     weights = masked_softmax(logits, mask)  # float32 (B, N, Tq, Tk)
     weights = ops.cast(weights, value.dtype)
     attended = weights

@@ -9,7 +9,8 @@ them, so memory grows linearly with the sequence lengths in both passes.
 
 The masks arrive as their components (key padding, query padding, causal with
 an offset, a sliding window, and an optional explicit mask that is read block
-by block), so no `(B, N, Tq, Tk)` mask is materialised either. Written with
+by block), so no `(B, N, Tq, Tk)` mask is materialised either; ALiBi's bias is
+computed block by block from the same positions. Written with
 `keras.ops` only (`ops.map` over one axis of blocks, `ops.fori_loop` over the
 other, `ops.custom_gradient`), it is tested on TensorFlow and JAX (the
 PyTorch backend runs the same code, untested); on TensorFlow the graph holds no
@@ -51,6 +52,7 @@ def memory_efficient_attention(
     causal: bool = False,
     causal_offset=0,
     sliding_window: int | None = None,
+    alibi_slopes=None,
     scale=None,
     query_block_size: int | None = None,
     key_block_size: int | str | None = "auto",
@@ -85,6 +87,16 @@ def memory_efficient_attention(
     all the keys at once; the default `query_block_size=None` takes the
     most queries (16 to 256) that keep one block within `BLOCK_BYTES`.
 
+    Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
+    `K` heads for the `N` of `query` (`N` a multiple of `K`; `K = 1` is
+    multi-query attention). Query head `n` attends with key/value head
+    `n // (N / K)`, the pairing of `keras.layers.GroupQueryAttention` after
+    `ops.repeat(key, N // K, axis=2)`, and the result is that of the repeated
+    heads; but no key or value is repeated, not even a block: each block
+    product stacks the `N / K` query heads of a key head along the rows (a
+    reshape), and the key and value gradients, `(B, Tk, K, H|Hv)`, sum over
+    them in the same products.
+
     The logits, the softmax and the accumulation are float32 whatever the
     input dtype; the output is cast to the dtype of `value`. A query row whose
     keys are all masked gets a zero output (and zero gradients).
@@ -106,6 +118,15 @@ def memory_efficient_attention(
       `keras_attn.ops.sliding_window_mask` (with `causal`, the causal
       window: `0 <= i + causal_offset - j < w`).
 
+    ALiBi (Press et al. 2022) is a component too: with `alibi_slopes`, the
+    logit of query `i` and key `j` in head `n` gets
+    `alibi_slopes[n] * (j - (i + causal_offset))` after the scale, in
+    float32, computed for each block pair from its positions (no `(Tq, Tk)`
+    bias either). The bias is a constant of the logits, so the backward pass
+    recomputes it with the weights and the gradients of `query`, `key` and
+    `value` follow; the slopes themselves get no gradient (ALiBi's are
+    fixed).
+
     Dropout on the weights is applied when `training` and `dropout_rate > 0`:
     each weight is kept with probability `1 - dropout_rate` and scaled by
     `1 / (1 - dropout_rate)`, as `keras.random.dropout` does, from a
@@ -116,15 +137,18 @@ def memory_efficient_attention(
 
     Args:
         query: `(B, Tq, N, H)`.
-        key: `(B, Tk, N, H)`.
-        value: `(B, Tk, N, Hv)`.
+        key: `(B, Tk, K, H)`, `K` dividing `N` (`K = N` for multi-head
+            attention).
+        value: `(B, Tk, K, Hv)`.
         key_padding_mask: optional boolean (or 0/1) `(B, Tk)`.
         query_padding_mask: optional boolean (or 0/1) `(B, Tq)`.
         attention_mask: optional boolean (or 0/1) mask, shapes above.
         causal: whether to apply the causal mask.
-        causal_offset: int or scalar int tensor; only used with `causal` or
-            `sliding_window`.
+        causal_offset: int or scalar int tensor; only used with `causal`,
+            `sliding_window` or `alibi_slopes`.
         sliding_window: positive int or `None`, see above.
+        alibi_slopes: optional float tensor `(N,)`, one slope per query head
+            (`keras_attn.layers.alibi_bias.alibi_slopes`), see above.
         scale: multiplier of the logits; `1/sqrt(H)` by default.
         query_block_size: queries per block (positive int), or `None` for
             the default above.
@@ -152,7 +176,8 @@ def memory_efficient_attention(
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
-    _check_inputs(query, key, value)
+    groups = _check_inputs(query, key, value)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, query.shape[2])
     query_block_size = v.check_positive_int(
         "query_block_size", query_block_size, allow_none=True
     )
@@ -208,6 +233,7 @@ def memory_efficient_attention(
         query_block_size,
         key_block_size,
         batch_heads=batch * query.shape[2],
+        groups=groups,
     )
     masks = _Masks(
         plan,
@@ -221,10 +247,11 @@ def memory_efficient_attention(
         causal=causal,
         causal_offset=(
             ops.cast(causal_offset, "int32")
-            if causal or sliding_window is not None
+            if causal or sliding_window is not None or alibi_slopes is not None
             else None
         ),
         sliding_window=sliding_window,
+        alibi_slopes=alibi_slopes,
     )
     dropout = None
     if training and dropout_rate > 0.0:
@@ -244,13 +271,13 @@ def memory_efficient_attention(
             plan.key_length,
             plan.key_block,
             plan.num_key_blocks,
-        )  # (nk, B, N, bk, H)
+        )  # (nk, B, K, bk, H)
         value_blocks = _to_blocks(
             ops.cast(value, "float32"),
             plan.key_length,
             plan.key_block,
             plan.num_key_blocks,
-        )  # (nk, B, N, bk, Hv)
+        )  # (nk, B, K, bk, Hv)
         if plan.single_key_block:
             output_blocks = _forward_single(
                 query_blocks, key_blocks[0], value_blocks[0], plan, masks, dropout
@@ -284,7 +311,7 @@ def memory_efficient_attention(
                     plan,
                     masks,
                     dropout,
-                )  # (nq, B, N, bq, H), (B, N, Tk, H), (B, N, Tk, Hv)
+                )  # (nq, B, N, bq, H), (B, K, Tk, H), (B, K, Tk, Hv)
                 d_key, d_value = d_key[None], d_value[None]
             else:
                 saved = (query_blocks, upstream_blocks, log_normaliser, delta)
@@ -328,8 +355,7 @@ def _check_inputs(query, key, value):
     checks = (
         ("key", "query", 0, "batch size"),
         ("value", "query", 0, "batch size"),
-        ("key", "query", 2, "number of heads"),
-        ("value", "query", 2, "number of heads"),
+        ("value", "key", 2, "number of heads"),
         ("key", "query", 3, "head size"),
         ("value", "key", 1, "length"),
     )
@@ -341,6 +367,68 @@ def _check_inputs(query, key, value):
                 f"{name}.shape={tuple(tensors[name].shape)}, "
                 f"{other}.shape={tuple(tensors[other].shape)}"
             )
+    return _groups(query.shape, key.shape)
+
+
+def _groups(query_shape, key_shape) -> int:
+    """`G = N / K`, the query heads that share each key/value head (1 when
+    either number is unknown: then they are taken to be equal)."""
+    num_heads, key_heads = query_shape[2], key_shape[2]
+    if num_heads is None or key_heads is None:
+        return 1
+    if num_heads % key_heads:
+        raise ValueError(
+            "The number of query heads must be a multiple of the number of "
+            "key/value heads (axis 2), as in grouped-query attention. "
+            f"Received: query.shape={tuple(query_shape)}, "
+            f"key.shape={tuple(key_shape)}"
+        )
+    return num_heads // key_heads
+
+
+def check_alibi_slopes(alibi_slopes, num_heads):
+    """`alibi_slopes` as a float32 `(N,)` tensor, or `None`.
+
+    Raises a `ValueError` naming the argument when it is not a rank-1 float
+    tensor of `num_heads` slopes (the number of query heads, when known).
+    """
+    if alibi_slopes is None:
+        return None
+    slopes = ops.convert_to_tensor(alibi_slopes)
+    shape = tuple(slopes.shape)
+    if len(shape) != 1 or (
+        shape[0] is not None and num_heads is not None and shape[0] != num_heads
+    ):
+        raise ValueError(
+            f"`alibi_slopes` must have shape ({num_heads},), one slope per "
+            f"query head. Received: alibi_slopes.shape={shape}"
+        )
+    if not keras.backend.is_float_dtype(slopes.dtype):
+        raise ValueError(
+            "`alibi_slopes` must be a float tensor. "
+            "Received: alibi_slopes.dtype="
+            f"{keras.backend.standardize_dtype(slopes.dtype)}"
+        )
+    # The bias is computed in float32 whatever the slopes' dtype, as the
+    # logits it is added to.
+    return ops.cast(slopes, "float32")
+
+
+def alibi_bias(slopes, key_positions, query_positions):
+    """ALiBi's bias `slope * (key - query)`: `(N, Tq, Tk)` float32.
+
+    What `keras_attn.layers.alibi_bias.alibi_bias(slopes, key_positions,
+    query_positions)` computes for float32 slopes, without its argument
+    checks (it runs once per block pair) and without importing the layers
+    (which import these ops).
+
+    Args:
+        slopes: float32 `(N,)`.
+        key_positions: int32 `(Tk,)`.
+        query_positions: int32 `(Tq,)`.
+    """
+    distance = key_positions[None, :] - query_positions[:, None]  # (Tq, Tk)
+    return slopes[:, None, None] * ops.cast(distance, "float32")[None]
 
 
 def _boolean_mask(name, mask, expected_shape):
@@ -404,9 +492,17 @@ class _Plan:
     """Block sizes and counts; ints when the lengths are static, else tensors."""
 
     def __init__(
-        self, query_length, key_length, query_block_size, key_block_size, batch_heads
+        self,
+        query_length,
+        key_length,
+        query_block_size,
+        key_block_size,
+        batch_heads,
+        groups=1,
     ):
         self.query_length, self.key_length = query_length, key_length
+        # Query heads per key/value head (grouped-query attention).
+        self.groups = groups
         if key_block_size is None:
             self.key_block, self.num_key_blocks = key_length, 1
             self.padded_key_length = key_length
@@ -489,10 +585,19 @@ class _Masks:
         causal,
         causal_offset,
         sliding_window,
+        alibi_slopes=None,
     ):
         self.plan = plan
         self.causal, self.causal_offset = causal, causal_offset
         self.window = sliding_window
+        # Not a mask but also a function of the block pair's positions. A
+        # copy, made where this call is traced: the backward pass reads the
+        # slopes, and on TensorFlow a gradient function that reads an eager
+        # tensor (slopes made outside a `tf.function`) breaks the gradient of
+        # a `tf.cond` around this call ("Tensor.graph is undefined when eager
+        # execution is enabled"), as in `dot_product_attention`'s by-length
+        # branch.
+        self.alibi = None if alibi_slopes is None else ops.copy(alibi_slopes)
         key_valid = key_padding_mask
         if key_valid is None and plan.keys_padded:
             key_valid = ops.ones((1, plan.key_length), "bool")  # (1, Tk)
@@ -551,14 +656,7 @@ class _Masks:
             rows = query_flags[:, None, :, None]  # (B, 1, bq, 1)
             mask = rows if mask is None else ops.logical_and(mask, rows)
         if self.causal or self.window is not None:
-            query_positions = (
-                i * plan.query_block
-                + ops.arange(plan.query_block, dtype="int32")
-                + self.causal_offset
-            )  # (bq,)
-            key_positions = j * plan.key_block + ops.arange(
-                plan.key_block, dtype="int32"
-            )  # (bk,)
+            query_positions, key_positions = self.positions(i, j)
             distance = query_positions[:, None] - key_positions[None, :]  # (bq, bk)
             visible = None
             if self.causal:
@@ -583,6 +681,28 @@ class _Masks:
             )  # (B|1, N|1, bq, bk)
             mask = explicit if mask is None else ops.logical_and(mask, explicit)
         return mask
+
+    def positions(self, i, j):
+        """Positions among the keys of block pair `(i, j)`'s queries `(bq,)`
+        (their index plus the offset) and keys `(bk,)`, int32."""
+        plan = self.plan
+        query_positions = (
+            i * plan.query_block
+            + ops.arange(plan.query_block, dtype="int32")
+            + self.causal_offset
+        )  # (bq,)
+        key_positions = j * plan.key_block + ops.arange(
+            plan.key_block, dtype="int32"
+        )  # (bk,)
+        return query_positions, key_positions
+
+    def add_bias(self, logits, i, j):
+        """`logits` `(B, N, bq, bk)` of block pair `(i, j)` plus its ALiBi
+        bias `(1, N, bq, bk)`, when there is one."""
+        if self.alibi is None:
+            return logits
+        query_positions, key_positions = self.positions(i, j)
+        return logits + alibi_bias(self.alibi, key_positions, query_positions)[None]
 
     def key_block_range(self, i):
         """Key blocks `[start, end)` that query block `i` can see."""
@@ -691,16 +811,62 @@ class _Dropout:
 # -- the passes -------------------------------------------------------------------
 #
 # Layouts: `query_blocks` (nq, B, N, bq, H) holds the queries times the scale;
-# `key_blocks` (nk, B, N, bk, H), `value_blocks` (nk, B, N, bk, Hv); per-row
+# `key_blocks` (nk, B, K, bk, H), `value_blocks` (nk, B, K, bk, Hv), with
+# `K = N / G` key/value heads (`G = plan.groups`, 1 for multi-head attention:
+# the matmuls group the query heads, see `_group`); per-row
 # statistics are (…, bq, 1). Masked logits are set to MASK_VALUE, far enough
 # below any real logit that their exponentials underflow to exactly 0 once a
 # row has met a valid key; rows that never do are zeroed at the end.
 
 
+def _group(x, groups):
+    """`(B, N, b, D)` -> `(B, K, G·b, D)`: the `G = groups` consecutive query
+    heads of each key/value head stacked along the rows (a reshape, no copy),
+    so that one batched matmul pairs query head `n` with key/value head
+    `n // G` and no key or value is repeated."""
+    if groups == 1:
+        return x
+    batch, heads, width = _dim(x, 0), _dim(x, 1), _dim(x, 3)
+    return ops.reshape(x, (batch, heads // groups, -1, width))
+
+
+def _ungroup(x, groups):
+    """`(B, K, G·b, D)` -> `(B, N, b, D)`, the inverse of `_group`."""
+    if groups == 1:
+        return x
+    batch, key_heads, width = _dim(x, 0), _dim(x, 1), _dim(x, 3)
+    return ops.reshape(x, (batch, key_heads * groups, -1, width))
+
+
+def _scores(rows, keys, groups):
+    """`rows @ keysᵀ`: `(B, N, b, D) x (B, K, bk, D) -> (B, N, b, bk)` (the
+    logits from the queries, or the weights' gradient from the upstream
+    gradient and the values)."""
+    return _ungroup(
+        ops.matmul(_group(rows, groups), ops.transpose(keys, (0, 1, 3, 2))), groups
+    )
+
+
+def _weighted(weights, keys, groups):
+    """`weights @ keys`: `(B, N, b, bk) x (B, K, bk, D) -> (B, N, b, D)` (the
+    outputs from the values, or the queries' gradient from the keys)."""
+    return _ungroup(ops.matmul(_group(weights, groups), keys), groups)
+
+
+def _key_side(weights, rows, groups):
+    """`weightsᵀ @ rows`: `(B, N, b, bk), (B, N, b, D) -> (B, K, bk, D)`, a
+    key or value gradient, summed over the query heads of each group (the
+    matmul over the stacked rows of the group sums them)."""
+    return ops.matmul(
+        ops.transpose(_group(weights, groups), (0, 1, 3, 2)), _group(rows, groups)
+    )
+
+
 def _masked_logits(query, key, i, j, masks, query_flags, key_flags):
     """Logits `(B, N, bq, bk)` float32 of block pair `(i, j)`, masked entries
     at MASK_VALUE, and the block's mask (or None)."""
-    logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
+    logits = _scores(query, key, masks.plan.groups)
+    logits = masks.add_bias(logits, i, j)
     mask = masks.block(i, j, query_flags, key_flags) if masks.any else None
     if mask is not None:
         logits = ops.where(mask, logits, MASK_VALUE)
@@ -770,13 +936,14 @@ def _block_index_mask(num_blocks, i):
 
 def _single_block_weights(query, key, i, masks, query_flags, key_flags):
     """Weights `(B, N, bq, Tk)` float32 of query block `i` against all keys."""
-    logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))  # (B, N, bq, Tk)
+    logits = _scores(query, key, masks.plan.groups)  # (B, N, bq, Tk)
+    logits = masks.add_bias(logits, i, 0)
     mask = masks.block(i, 0, query_flags, key_flags) if masks.any else None
     return masked_softmax(logits, mask)
 
 
 def _forward_single(query_blocks, key, value, plan, masks, dropout):
-    """Outputs `(nq, B, N, bq, Hv)`; `key` `(B, N, Tk, H)`, `value` `(B, N, Tk, Hv)`."""
+    """Outputs `(nq, B, N, bq, Hv)`; `key` `(B, K, Tk, H)`, `value` `(B, K, Tk, Hv)`."""
     batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
     key_flags = _take(masks.key_blocks, 0)  # (B|1, Tk) or None
 
@@ -786,7 +953,7 @@ def _forward_single(query_blocks, key, value, plan, masks, dropout):
         weights = _single_block_weights(query, key, i, masks, query_flags, key_flags)
         if dropout is not None:
             weights = weights * dropout.scale(i, 0, batch, heads)
-        return ops.matmul(weights, value)  # (B, N, bq, Hv)
+        return _weighted(weights, value, plan.groups)  # (B, N, bq, Hv)
 
     return _map(
         query_block,
@@ -812,19 +979,15 @@ def _backward_single(saved, key, value, plan, masks, dropout):
         weights = _single_block_weights(
             query, key, i, masks, _take(masks.query_blocks, i), key_flags
         )  # (B, N, bq, Tk)
-        d_weights = ops.matmul(upstream, ops.transpose(value, (0, 1, 3, 2)))
+        d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, Tk)
         dropped = weights
         if dropout is not None:
             factors = dropout.scale(i, 0, batch, heads)
             dropped, d_weights = weights * factors, d_weights * factors
-        d_value = d_value + ops.matmul(
-            ops.transpose(dropped, (0, 1, 3, 2)), upstream
-        )  # (B, N, Tk, Hv)
+        d_value = d_value + _key_side(dropped, upstream, plan.groups)  # (B, K, Tk, Hv)
         d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
-        d_key = d_key + ops.matmul(
-            ops.transpose(d_logits, (0, 1, 3, 2)), query
-        )  # (B, N, Tk, H)
-        block_d_query = ops.matmul(d_logits, key)  # (B, N, bq, H)
+        d_key = d_key + _key_side(d_logits, query, plan.groups)  # (B, K, Tk, H)
+        block_d_query = _weighted(d_logits, key, plan.groups)  # (B, N, bq, H)
         d_query = ops.where(
             _block_index_mask(plan.num_query_blocks, i), block_d_query[None], d_query
         )  # (nq, B, N, bq, H)
@@ -873,7 +1036,9 @@ def _forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
             )  # (B, N, bq, 1)
             if dropout is not None:
                 weights = weights * dropout.scale(i, j, batch, heads)
-            block_outputs = ops.matmul(weights, ops.take(value_blocks, j, axis=0))
+            block_outputs = _weighted(
+                weights, ops.take(value_blocks, j, axis=0), plan.groups
+            )  # (B, N, bq, Hv)
             new_log_normaliser = ops.logaddexp(log_normaliser, block_log_normaliser)
             outputs = outputs * ops.exp(
                 log_normaliser - new_log_normaliser
@@ -926,8 +1091,8 @@ def _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
         query_flags = _real_flags(query_flags, masks.query_blocks)
 
         def key_step(j, d_query):
-            key = ops.take(key_blocks, j, axis=0)  # (B, N, bk, H)
-            value = ops.take(value_blocks, j, axis=0)  # (B, N, bk, Hv)
+            key = ops.take(key_blocks, j, axis=0)  # (B, K, bk, H)
+            value = ops.take(value_blocks, j, axis=0)  # (B, K, bk, Hv)
             weights = _block_weights(
                 query,
                 row_log_normaliser,
@@ -938,11 +1103,11 @@ def _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
                 query_flags,
                 _take(masks.key_blocks, j),
             )  # (B, N, bq, bk)
-            d_weights = ops.matmul(upstream, ops.transpose(value, (0, 1, 3, 2)))
+            d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, bk)
             if dropout is not None:
                 d_weights = d_weights * dropout.scale(i, j, batch, heads)
             d_logits = weights * (d_weights - row_delta)  # (B, N, bq, bk)
-            return d_query + ops.matmul(d_logits, key)
+            return d_query + _weighted(d_logits, key, plan.groups)
 
         start, end = masks.key_block_range(i)
         return _fori_loop(start, end, key_step, ops.zeros_like(query))
@@ -961,7 +1126,7 @@ def _backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
 
 
 def _backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
-    """Gradients of the key and value blocks: `(nk, B, N, bk, H|Hv)` each."""
+    """Gradients of the key and value blocks: `(nk, B, K, bk, H|Hv)` each."""
     query_blocks, upstream_blocks, log_normaliser, delta = saved
     batch, heads = _dim(query_blocks, 1), _dim(query_blocks, 2)
 
@@ -983,18 +1148,16 @@ def _backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
                 _take(masks.query_blocks, i),
                 key_flags,
             )  # (B, N, bq, bk)
-            d_weights = ops.matmul(upstream, ops.transpose(value, (0, 1, 3, 2)))
+            d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, bk)
             dropped = weights
             if dropout is not None:
                 factors = dropout.scale(i, j, batch, heads)
                 dropped, d_weights = weights * factors, d_weights * factors
-            d_value = d_value + ops.matmul(
-                ops.transpose(dropped, (0, 1, 3, 2)), upstream
-            )  # (B, N, bk, Hv)
+            d_value = d_value + _key_side(
+                dropped, upstream, plan.groups
+            )  # (B, K, bk, Hv)
             d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
-            d_key = d_key + ops.matmul(
-                ops.transpose(d_logits, (0, 1, 3, 2)), query
-            )  # (B, N, bk, H)
+            d_key = d_key + _key_side(d_logits, query, plan.groups)  # (B, K, bk, H)
             return d_key, d_value
 
         start, end = masks.query_block_range(j)

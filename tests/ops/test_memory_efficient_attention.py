@@ -288,6 +288,136 @@ def test_dropout_only_in_training():
     assert not np.allclose(to_numpy(trained), to_numpy(inference))
 
 
+# -- grouped-query attention: K key/value heads, none repeated -----------------------
+
+GQA_RNG = np.random.default_rng(11)
+Q6 = GQA_RNG.normal(size=(B, TQ, 6, H)).astype("float32")  # 6 query heads
+K3 = GQA_RNG.normal(size=(B, TK, 3, H)).astype("float32")
+V3 = GQA_RNG.normal(size=(B, TK, 3, HV)).astype("float32")
+COTANGENT6 = GQA_RNG.normal(size=(B, TQ, 6, HV)).astype("float32")
+PER_HEAD6 = GQA_RNG.random((1, 6, TQ, TK)) > 0.4  # a mask per query head
+
+
+def grouped_case(kind):
+    """`mask_case` for 6 query heads: the same components, and a per-head
+    mask of the 6 query heads for "explicit_per_head"."""
+    if kind == "explicit_per_head":
+        return {"attention_mask": PER_HEAD6}, PER_HEAD6
+    return mask_case(kind)
+
+
+@pytest.mark.parametrize("key_heads", [3, 2, 1], ids=["g2", "g3", "mqa"])
+@pytest.mark.parametrize(
+    ("kind", "layout"),
+    [
+        ("combined", "key_blocks"),
+        ("causal_sliding_window", "key_blocks"),
+        ("explicit_per_head", "key_blocks"),
+        ("combined", "all_keys"),
+        ("explicit_per_head", "all_keys"),
+        ("causal_offset", "defaults"),
+    ],
+)
+def test_grouped_heads_equal_repeated_heads_and_the_explicit_path(
+    kind, layout, key_heads
+):
+    """Keys and values of `K` heads, as they are, give what the same call on
+    heads repeated to 6 gives (the old way) and what the explicit path gives;
+    the key and value gradients `(B, Tk, K, H)` are the repeated heads'
+    gradients summed over each group."""
+    kwargs, full = grouped_case(kind)
+    groups = 6 // key_heads
+    inputs = (Q6, K3[:, :, :key_heads], V3[:, :, :key_heads])
+
+    def grouped(q, k, v):
+        return attention(q, k, v, **kwargs, **LAYOUTS[layout])
+
+    def repeated(q, k, v):
+        return attention(
+            q,
+            ops.repeat(k, groups, axis=2),
+            ops.repeat(v, groups, axis=2),
+            **kwargs,
+            **LAYOUTS[layout],
+        )
+
+    def explicit_grouped(q, k, v):
+        return dot_product_attention(q, k, v, mask=full, flash_attention=False)
+
+    got = outputs_and_gradients(grouped, inputs, COTANGENT6, jit=JIT)
+    assert [g.shape for g in got[1]] == [x.shape for x in inputs]
+    for reference in (repeated, explicit_grouped):
+        want = outputs_and_gradients(reference, inputs, COTANGENT6, jit=JIT)
+        for g, w in zip([got[0], *got[1]], [want[0], *want[1]], strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["key_blocks", "all_keys"])
+def test_grouped_dropout_draws_the_repeated_heads_mask(layout):
+    """The keep decision is a function of the (batch, query head, query,
+    key) position and the seed alone: grouped keys and values drop exactly
+    what the repeated heads drop, forward and backward."""
+    kwargs, _ = mask_case("combined")
+    inputs = (Q6, K3[:, :, :2], V3[:, :, :2])
+
+    def dropped(repeat):
+        def attend(q, k, v):
+            if repeat:
+                k, v = ops.repeat(k, 3, axis=2), ops.repeat(v, 3, axis=2)
+            return attention(
+                q,
+                k,
+                v,
+                **kwargs,
+                **LAYOUTS[layout],
+                dropout_rate=RATE,
+                training=True,
+                seed_generator=keras.random.SeedGenerator(5),
+            )
+
+        return attend
+
+    got = outputs_and_gradients(dropped(False), inputs, COTANGENT6, jit=JIT)
+    want = outputs_and_gradients(dropped(True), inputs, COTANGENT6, jit=JIT)
+    for g, w in zip([got[0], *got[1]], [want[0], *want[1]], strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+    undropped = to_numpy(attention(*inputs, **kwargs, **LAYOUTS[layout]))
+    assert not np.allclose(got[0], undropped)  # the control: dropout is on
+
+
+@pytest.mark.tf_only
+def test_grouped_heads_in_a_tf_function_with_unknown_lengths():
+    import tensorflow as tf
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, None, 6, H), "float32"),
+            tf.TensorSpec((None, None, 2, H), "float32"),
+            tf.TensorSpec((None, None, 2, HV), "float32"),
+        ]
+    )
+    def attend_and_differentiate(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attention(q, k, v, causal=True, query_block_size=4, key_block_size=3)
+            loss = tf.reduce_sum(out * COTANGENT6)
+        return out, tape.gradient(loss, [q, k, v])
+
+    inputs = (Q6, K3[:, :, :2], V3[:, :, :2])
+    got, got_grads = attend_and_differentiate(*inputs)
+    mask = np.asarray(to_numpy(causal_mask(TQ, TK)))[None, None]
+    want, want_grads = outputs_and_gradients(
+        lambda q, k, v: dot_product_attention(
+            q, k, v, mask=mask, flash_attention=False
+        ),
+        inputs,
+        COTANGENT6,
+    )
+    np.testing.assert_allclose(to_numpy(got), want, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(to_numpy(g), w, atol=1e-5)
+
+
 # -- arguments ------------------------------------------------------------------------
 
 
@@ -295,7 +425,13 @@ def test_dropout_only_in_training():
     ("kwargs", "message"),
     [
         ({"query": Q[0]}, "Received: query.shape=(11, 2, 4)"),
-        ({"key": K[:, :, :1]}, "same number of heads"),
+        ({"value": V[:, :, :1]}, "`value` and `key` must have the same number of"),
+        (
+            {"key": K[:, :, [0, 1, 0]], "value": V[:, :, [0, 1, 0]]},
+            "multiple of the number of key/value heads (axis 2), as in "
+            "grouped-query attention. Received: query.shape=(2, 11, 2, 4), "
+            "key.shape=(2, 13, 3, 4)",
+        ),
         ({"value": V[:, :5]}, "`value` and `key` must have the same length"),
         ({"query_block_size": 0}, "Received: query_block_size=0"),
         ({"key_block_size": 2.5}, "Received: key_block_size=2.5"),
