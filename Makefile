@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS)
 # Op, layer, decoding and memory tests run a second time on the JAX backend.
-JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/models/test_compiled_forward.py
+JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/models/test_compiled_forward.py tests/models/test_language_model_positions.py
 
 .PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving check-package format clean
 

@@ -456,6 +456,28 @@ def language_model_args(argv=None):
         help="dropout rate of the blocks (0: none; chosen on the validation plays)",
     )
     parser.add_argument(
+        "--position",
+        choices=("learned", "sinusoidal", "rotary", "alibi"),
+        default="learned",
+        help="positions: added to the embeddings (learned, sinusoidal) or "
+        "inside the attention (rotary, alibi)",
+    )
+    parser.add_argument(
+        "--num-key-value-heads",
+        type=int,
+        default=None,
+        metavar="K",
+        help="grouped-query attention: K key/value heads dividing --num-heads "
+        "(default: --num-heads)",
+    )
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="each token attends to the W - 1 tokens before it and itself",
+    )
+    parser.add_argument(
         "--learning-rate",
         type=float,
         default=recipe["learning_rate"],

@@ -60,6 +60,7 @@ def build(args, tokenizer):
     """The language model with its tokenizer, compiled for training (the
     learning rate is set per batch by BudgetCosineDecay)."""
     sizes = ("embedding_dim", "num_layers", "num_heads", "intermediate_dim")
+    sizes += ("position", "num_key_value_heads", "sliding_window")
     model = TransformerLanguageModel(
         tokenizer.vocabulary_size,
         args.sequence_length,

@@ -36,7 +36,14 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn.layers._policies import with_quantized_policies
+from keras_attn.layers.alibi_bias import AlibiBias
+from keras_attn.layers.rotary_embedding import RotaryEmbedding
 from keras_attn.ops.attention import check_flash_attention
+
+# The blocks' `position`: "rotary" and "alibi" act inside the self-attention;
+# "sinusoidal" and "learned" name absolute positions added to the embeddings
+# before the first block (the block itself adds nothing), as `None` does.
+POSITIONS = (None, "rotary", "alibi", "sinusoidal", "learned")
 
 
 def clone_initializer(initializer):
@@ -65,9 +72,15 @@ class TransformerBlockBase(keras.layers.Layer):
         flash_attention: bool | None = None,
         seed: int | None = None,
         num_key_value_heads: int | None = None,
+        position: str | None = None,
+        sliding_window: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.position = v.check_choice("position", position, POSITIONS)
+        self.sliding_window = v.check_positive_int(
+            "sliding_window", sliding_window, allow_none=True
+        )
         self.intermediate_dim = v.check_positive_int(
             "intermediate_dim", intermediate_dim
         )
@@ -159,19 +172,38 @@ class TransformerBlockBase(keras.layers.Layer):
     def _head_dim(self, model_dim: int) -> int:
         return self.key_dim or model_dim // self.num_heads
 
-    def _attention_kwargs(self) -> dict:
-        return {
-            "num_heads": self.num_heads,
-            "dropout": self.attention_dropout_rate,
-            "flash_attention": self.flash_attention,
-            "kernel_initializer": clone_initializer(self.kernel_initializer),
-            "bias_initializer": clone_initializer(self.bias_initializer),
-            "seed": self._next_seed(),
-            "dtype": self.dtype_policy,
-        } | (
-            {}
-            if self.num_key_value_heads is None
-            else {"num_key_value_heads": self.num_key_value_heads}
+    def _attention_kwargs(self, self_attention: bool = False) -> dict:
+        """The attention layers' arguments; the positions inside the
+        attention (`position="rotary"` / `"alibi"`) and `sliding_window` go
+        to the self-attention only."""
+        positions = {}
+        if self_attention:
+            if self.position == "rotary":
+                positions["rotary_embedding"] = RotaryEmbedding(
+                    dtype=self.dtype_policy, name="rotary_embedding"
+                )
+            elif self.position == "alibi":
+                positions["alibi_bias"] = AlibiBias(
+                    dtype=self.dtype_policy, name="alibi_bias"
+                )
+            if self.sliding_window is not None:
+                positions["sliding_window"] = self.sliding_window
+        return (
+            positions
+            | {
+                "num_heads": self.num_heads,
+                "dropout": self.attention_dropout_rate,
+                "flash_attention": self.flash_attention,
+                "kernel_initializer": clone_initializer(self.kernel_initializer),
+                "bias_initializer": clone_initializer(self.bias_initializer),
+                "seed": self._next_seed(),
+                "dtype": self.dtype_policy,
+            }
+            | (
+                {}
+                if self.num_key_value_heads is None
+                else {"num_key_value_heads": self.num_key_value_heads}
+            )
         )
 
     def _layer_norm(self, name: str, shape):
@@ -265,8 +297,11 @@ class TransformerBlockBase(keras.layers.Layer):
                 "seed": self.seed,
             }
         )
-        if self.num_key_value_heads is not None:  # only when set (keras-hub's)
-            config["num_key_value_heads"] = self.num_key_value_heads
+        # Only when set (keras-hub's blocks take `num_key_value_heads`, and
+        # none of the three: their configs stay loadable there).
+        for name in ("num_key_value_heads", "position", "sliding_window"):
+            if getattr(self, name) is not None:
+                config[name] = getattr(self, name)
         # Quantized sublayers keep their policies through save/load.
         return with_quantized_policies(self, config)
 

@@ -14,6 +14,8 @@ from keras.src.layers.attention.multi_head_attention import (
 
 from keras_attn import _validation as v
 from keras_attn.layers._policies import with_quantized_policies
+from keras_attn.layers.alibi_bias import AlibiBias, alibi_slopes
+from keras_attn.layers.rotary_embedding import RotaryEmbedding
 from keras_attn.ops.attention import (
     check_flash_attention,
     dot_product_attention,
@@ -222,6 +224,19 @@ def mask_components(
     return explicit, key_padding, query_padding, has_keys
 
 
+def _position_layer(name, value, cls):
+    """`None`, a `cls` layer, or one made from its config (what `get_config`
+    writes)."""
+    if isinstance(value, dict):
+        value = keras.saving.deserialize_keras_object(value)
+    if value is None or isinstance(value, cls):
+        return value
+    raise ValueError(
+        f"`{name}` must be None, a `keras_attn.layers.{cls.__name__}` or its "
+        f"serialized config. Received: {name}={value!r}"
+    )
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.MultiHeadAttention):
     """Multi-head attention of Vaswani et al. (2017), a drop-in for Keras's.
@@ -308,6 +323,21 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             it still load into Keras's class.
         output_dim: an alias of an integer `output_shape`; not written to
             `get_config`.
+        rotary_embedding: optional `keras_attn.layers.RotaryEmbedding`
+            (rotary positions, Su et al. 2021): it rotates the projected
+            query and key heads, each at its position, before their product
+            (as keras-hub's Llama and Gemma attention layers do). Query `i`
+            and key `j` are at `i` and `j`, shifted by `cache_update_index`
+            when decoding with a cache (the keys are rotated before they are
+            written to it). For self-attention over rank-3 inputs.
+        alibi_bias: optional `keras_attn.layers.AlibiBias` (ALiBi, Press et
+            al. 2022): head `n` adds `slope_n * (j - i)` to the logit of
+            query `i` and key `j` (positions shifted by `cache_update_index`
+            when decoding), the slopes of `keras_attn.layers.alibi_slopes`
+            for `num_heads` heads and the layer's `alibi_bias_max`. The
+            memory-efficient path computes it block by block (no `(Tq, Tk)`
+            tensor); the fused path is not taken with it. For rank-3 inputs.
+            Both are written to `get_config` only when set.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -397,6 +427,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         *,
         num_key_value_heads: int | None = None,
         output_dim: int | None = None,
+        rotary_embedding=None,
+        alibi_bias=None,
         **kwargs,
     ):
         _check_size("num_heads", num_heads)
@@ -472,6 +504,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         self.num_key_value_heads = (
             None if num_key_value_heads is None else int(num_key_value_heads)
         )
+        # Positions inside the attention (no weights): a tracked sublayer each.
+        self.rotary_embedding = _position_layer(
+            "rotary_embedding", rotary_embedding, RotaryEmbedding
+        )
+        self.alibi_bias = _position_layer("alibi_bias", alibi_bias, AlibiBias)
+        if self.rotary_embedding is not None and self.alibi_bias is not None:
+            raise ValueError(
+                "Pass one of `rotary_embedding` and `alibi_bias`: each places "
+                "the tokens by itself. Received: both"
+            )
         # The dropout draws from Keras's `_dropout_layer` (its seed generator),
         # on every path: the layer owns Keras's one seed generator.
 
@@ -537,6 +579,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             tuple(key_shape),
         )
         self._check_shapes(query_shape, value_shape, key_shape)
+        if self.rotary_embedding is not None and self._key_dim % 2:
+            raise ValueError(
+                "`rotary_embedding` needs an even `key_dim` (the rotation pairs "
+                "the first half of each head with the second). Received: "
+                f"key_dim={self._key_dim}"
+            )
         rank = len(query_shape)
         if self.attention_axes is not None:
             axes = (
@@ -649,9 +697,18 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
 
         Use it to compute cross-attention keys and values once per source and
         pass them as `cache` (without `cache_update_index`) at every step.
+        With `rotary_embedding`, the keys are rotated at positions `0..Tv-1`.
         """
+        return self._key_value(value, key, 0)
+
+    def _key_value(self, value, key, start_index):
+        """The projected key and value heads, the keys rotated from position
+        `start_index` with `rotary_embedding`."""
         key = value if key is None else key
-        return _project(self.key_dense, key), _project(self.value_dense, value)
+        keys = _project(self.key_dense, key)
+        if self.rotary_embedding is not None:
+            keys = self.rotary_embedding(keys, start_index=start_index)
+        return keys, _project(self.value_dense, value)
 
     def _check_cache(self, cache) -> bool:
         """Validate either cache form; `True` for keras-hub's stacked tensor."""
@@ -904,6 +961,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         causal_offset=0,
         sliding_window=None,
         query_is_scaled=False,
+        alibi_slopes=None,
     ):
         """Attention over projected heads, Keras's override point.
 
@@ -926,7 +984,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         without building a `(Tq, Tk)` mask. With `query_is_scaled` the query
         already carries the `1/sqrt(key_dim)` (`call` folds it into the query
         projection's weights on TensorFlow, one matmul instead of a multiply
-        over the `(B, Tq, N, H)` heads).
+        over the `(B, Tq, N, H)` heads). `alibi_slopes` `(N,)`: ALiBi's
+        per-head slopes (`alibi_bias`), added to the logits as
+        `slope * (j - (i + causal_offset))`.
         """
         rank = len(query.shape)
         layout = self._layout(rank)
@@ -978,11 +1038,42 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             query_padding_mask=query_padding_mask,
             causal_offset=causal_offset,
             sliding_window=sliding_window,
+            **({} if alibi_slopes is None else {"alibi_slopes": alibi_slopes}),
         )  # (B', Tq', N, Hv) [, (B', N, Tq', Tk')]
         weights = None
         if return_attention_scores:
             attended, weights = attended
         return self._from_blocks(attended, weights, query, key, layout)
+
+    def _check_positions(self, rank, cache, cache_update_index):
+        """`rotary_embedding` and `alibi_bias` need rank-3 inputs, the
+        query's position (`cache_update_index` with a cache), and (ALiBi)
+        keras-attn's `_compute_attention`."""
+        for name, layer in (
+            ("rotary_embedding", self.rotary_embedding),
+            ("alibi_bias", self.alibi_bias),
+        ):
+            if layer is None:
+                continue
+            if rank != 3:
+                raise ValueError(
+                    f"`{name}` needs rank-3 inputs `(batch, T, features)` "
+                    f"(positions along axis 1). Received: query of rank {rank}"
+                )
+            if cache is not None and cache_update_index is None:
+                raise ValueError(
+                    f"`{name}` needs the position of the queries: with a "
+                    "`cache`, pass `cache_update_index` (a cache used as it is, "
+                    "without one, holds cross-attention keys, which have no "
+                    "positions shared with the queries). Received: "
+                    "cache_update_index=None"
+                )
+        if self.alibi_bias is not None and self._overrides_compute_attention():
+            raise ValueError(
+                "`alibi_bias` is applied inside keras-attn's `_compute_attention`"
+                f", which {type(self).__name__} overrides. Received: "
+                "alibi_bias with an overridden `_compute_attention`"
+            )
 
     def _overrides_compute_attention(self) -> bool:
         """Whether a subclass replaced `_compute_attention` (then it gets
@@ -1036,6 +1127,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             cache,
             cache_update_index,
         )
+        self._check_positions(rank, cache, cache_update_index)
         gate = _project(self.gate_dense, query) if self.use_gate else None
         # Keras's `_compute_attention` takes the unscaled query; keras-attn's
         # own folds the scale into the projection (`query_is_scaled`).
@@ -1045,8 +1137,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             query,
             scale=self._inverse_sqrt_key_dim if scaled else None,
         )  # (B, Tq, N, H)
+        offset = 0 if cache_update_index is None else cache_update_index
+        if self.rotary_embedding is not None:
+            query_heads = self.rotary_embedding(query_heads, start_index=offset)
         if cache is None or cache_update_index is not None:
-            new_keys, new_values = self.compute_key_value(value, key)  # (B,Tv,N,H)
+            new_keys, new_values = self._key_value(value, key, offset)  # (B,Tv,K,H)
         if cache is None:
             key_heads, value_heads = new_keys, new_values
         else:
@@ -1074,6 +1169,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         if scaled:
             arguments["query_is_scaled"] = True
+        if self.alibi_bias is not None:
+            arguments["alibi_slopes"] = alibi_slopes(
+                self.num_heads, self.alibi_bias.alibi_bias_max, "float32"
+            )
         groups = self.num_heads // self.key_value_heads
         attended, weights = self._compute_attention(
             query_heads,
@@ -1277,5 +1376,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if self.num_key_value_heads is not None:
             # Only when set: configs without it still load into Keras's class.
             config["num_key_value_heads"] = self.num_key_value_heads
+        for name in ("rotary_embedding", "alibi_bias"):
+            layer = getattr(self, name)
+            if layer is not None:  # only when set, as num_key_value_heads
+                config[name] = keras.saving.serialize_keras_object(layer)
         # Quantized projections keep their policies through save/load.
         return with_quantized_policies(self, config)

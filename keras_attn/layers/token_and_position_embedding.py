@@ -12,7 +12,7 @@ from keras_attn import _validation as v
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
-POSITION_KINDS = ("learned", "sinusoidal")
+POSITION_KINDS = ("learned", "sinusoidal", None)
 
 
 def _clone_initializer(initializer):
@@ -58,8 +58,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             the learned position table unless `position_initializer` is
             given).
         mask_zero: whether token id 0 is padding.
-        position: keyword-only, `"learned"` (keras-hub's) or `"sinusoidal"`
-            (the paper's fixed encoding, no weights).
+        position: keyword-only, `"learned"` (keras-hub's), `"sinusoidal"`
+            (the paper's fixed encoding, no weights) or `None`: token
+            embeddings alone, for blocks whose attention places the tokens
+            (rotary positions or ALiBi, `position="rotary"` / `"alibi"` on
+            the blocks); `start_index` and `positions` are then ignored.
         scale_embeddings: keyword-only, multiply the token embeddings by
             `sqrt(embedding_dim)`; suits an initializer of standard deviation
             `embedding_dim ** -0.5`.
@@ -123,7 +126,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.vocabulary_size = v.check_positive_int("vocabulary_size", vocabulary_size)
         self.position = v.check_choice("position", position, POSITION_KINDS)
         self.sequence_length = v.check_positive_int(
-            "sequence_length", sequence_length, allow_none=position == "sinusoidal"
+            "sequence_length", sequence_length, allow_none=position != "learned"
         )
         self.embedding_dim = v.check_positive_int("embedding_dim", embedding_dim)
         for name, value in (
@@ -177,6 +180,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 trainable=self.trainable,
                 name="position_embedding",
             )
+        elif position is None:
+            self.position_embedding = None
         else:
             self.position_embedding = SinusoidalPositionEncoding(
                 max_wavelength=max_wavelength,
@@ -188,7 +193,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         v.check_rank("inputs", inputs_shape, (2, 3))
         ids_shape = tuple(inputs_shape)[:2]  # a rank-3 first call is `reverse`
         self.token_embedding.build(ids_shape)
-        self.position_embedding.build((*ids_shape, self.embedding_dim))
+        if self.position_embedding is not None:
+            self.position_embedding.build((*ids_shape, self.embedding_dim))
         self.built = True
 
     def call(self, inputs, start_index=0, positions=None, reverse=False):
@@ -202,6 +208,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         length = inputs.shape[1]
         if (
             self.sequence_length is not None
+            and self.position_embedding is not None
             and positions is None
             and length is not None
             and isinstance(start_index, int)
@@ -219,6 +226,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 embedded,
                 ops.cast(math.sqrt(self.embedding_dim), embedded.dtype),
             )
+        if self.position_embedding is None:
+            return embedded
         encoded = self.position_embedding(
             embedded, start_index=start_index, positions=positions
         )  # (B, T, d)

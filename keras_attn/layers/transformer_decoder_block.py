@@ -115,6 +115,16 @@ class TransformerDecoder(TransformerBlockBase):
             the attention layers, dividing `num_heads` (`None`: `num_heads`;
             see `keras_attn.layers.MultiHeadAttention`). In `get_config`
             only when set.
+        position: where the block places the tokens: `"rotary"` (a
+            `RotaryEmbedding` rotating the self-attention's queries and keys)
+            or `"alibi"` (an `AlibiBias` on its logits), at the cache offset
+            when decoding; `None`, `"sinusoidal"` or `"learned"`: absolute
+            positions added to the embeddings before the first block, the
+            block adding nothing (the default). In `get_config` only when set.
+        sliding_window: optional positive int, the self-attention's window
+            (Keras 3.15's meaning: query `i` sees key `j` when
+            `|i - j| < sliding_window`, the causal mask also applying in a
+            decoder block). In `get_config` only when set.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -191,7 +201,7 @@ class TransformerDecoder(TransformerBlockBase):
             key_dim=self.key_dim,
             causal=True,
             name="self_attention",
-            **self._attention_kwargs(),
+            **self._attention_kwargs(self_attention=True),
         )
         self._self_attention_layer.build(decoder_sequence_shape)
         self._self_attention_layer_norm = self._layer_norm(

@@ -35,7 +35,9 @@ from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbed
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 
-POSITIONS = ("sinusoidal", "learned")
+POSITIONS = ("sinusoidal", "learned", "rotary", "alibi")
+# Added to the embeddings; the other two act inside the blocks' attention.
+ABSOLUTE_POSITIONS = ("sinusoidal", "learned")
 
 
 def _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position):
@@ -54,11 +56,14 @@ class _Backbone(keras.Model):
     def _make_embedding(self, embedding):
         if embedding is not None:
             return embedding
+        position = self._backbone_config["position"]
         return TokenAndPositionEmbedding(
             self._backbone_config["vocabulary_size"],
             self._backbone_config["sequence_length"],
             self._backbone_config["embedding_dim"],
-            position=self._backbone_config["position"],
+            position=(
+                position if position in ABSOLUTE_POSITIONS else None
+            ),  # rotary / ALiBi: token embeddings alone
             mask_zero=True,
             position_initializer="glorot_uniform",
             scale_embeddings=self._backbone_config["scale_embeddings"],
@@ -67,6 +72,25 @@ class _Backbone(keras.Model):
             ),
             name="embedding",
         )
+
+    def _attention_options(self, num_key_value_heads, sliding_window) -> dict:
+        """The blocks' attention options that were set (grouped-query heads,
+        rotary / ALiBi positions, the window), recorded in the config only
+        then, so configs written before them read the same."""
+        v.check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
+        v.check_positive_int("sliding_window", sliding_window, allow_none=True)
+        position = self._backbone_config["position"]
+        options = {
+            "num_key_value_heads": num_key_value_heads,
+            "sliding_window": sliding_window,
+        }
+        options = {name: value for name, value in options.items() if value is not None}
+        self._backbone_config.update(options)
+        if position not in ABSOLUTE_POSITIONS:
+            options["position"] = position
+        return options
 
     @property
     def token_embedding(self):
@@ -132,7 +156,9 @@ class TransformerEncoderBackbone(_Backbone):
             sinusoids extrapolate).
         embedding_dim, num_layers, num_heads, intermediate_dim: sizes.
         dropout: of the embeddings and the blocks.
-        position: `"sinusoidal"` or `"learned"`.
+        position: `"sinusoidal"` or `"learned"` (added to the embeddings),
+            `"rotary"` or `"alibi"` (inside the blocks' self-attention; the
+            embedding then has no position table).
         normalize_first: pre-norm blocks and a final layer norm.
         activation: of the blocks' feed-forward networks.
         layer_norm_epsilon: of every layer norm.
@@ -140,6 +166,9 @@ class TransformerEncoderBackbone(_Backbone):
         scale_embeddings: multiply token embeddings by `sqrt(embedding_dim)`
             (Vaswani et al.).
         embeddings_initializer: of the token table.
+        num_key_value_heads: keyword-only, grouped-query attention in every
+            block (see `TransformerEncoderBlock`).
+        sliding_window: keyword-only, the blocks' self-attention window.
         **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
     """
 
@@ -159,6 +188,9 @@ class TransformerEncoderBackbone(_Backbone):
         embedding_norm: bool = False,
         scale_embeddings: bool = False,
         embeddings_initializer="uniform",
+        *,
+        num_key_value_heads: int | None = None,
+        sliding_window: int | None = None,
         **kwargs,
     ):
         kwargs.setdefault("name", "encoder_backbone")
@@ -179,6 +211,7 @@ class TransformerEncoderBackbone(_Backbone):
             "scale_embeddings": scale_embeddings,
             "embeddings_initializer": embeddings_initializer,
         }
+        attention = self._attention_options(num_key_value_heads, sliding_window)
         with keras.name_scope(kwargs["name"]):
             token_ids = keras.Input((None,), dtype="int32", name="token_ids")
             self.embedding = self._make_embedding(None)
@@ -200,6 +233,7 @@ class TransformerEncoderBackbone(_Backbone):
                     activation=activation,
                     layer_norm_epsilon=layer_norm_epsilon,
                     name=f"encoder_{index}",
+                    **attention,
                 )
                 x = block(x)
                 self.blocks.append(block)
@@ -293,7 +327,10 @@ class TransformerDecoderBackbone(_Backbone):
         sequence_length: the longest input (size of learned positions).
         embedding_dim, num_layers, num_heads, intermediate_dim: sizes.
         dropout: of the embeddings and the blocks.
-        position: `"learned"` or `"sinusoidal"`.
+        position: `"learned"` or `"sinusoidal"` (added to the embeddings),
+            `"rotary"` or `"alibi"` (inside the blocks' self-attention, at the
+            cache offset when decoding; the embedding then has no position
+            table).
         normalize_first: pre-norm blocks and a final layer norm.
         cross_attention: blocks attend to an encoder's states too.
         encoder_dim: the width of those states (default `embedding_dim`).
@@ -303,6 +340,9 @@ class TransformerDecoderBackbone(_Backbone):
         token_embedding: an existing `TokenAndPositionEmbedding` to use
             (a translator's table shared by source and target); not part of
             the config (the task that shares it passes it again).
+        num_key_value_heads: keyword-only, grouped-query attention in every
+            block's attention layers (see `TransformerDecoderBlock`).
+        sliding_window: keyword-only, the blocks' self-attention window.
         **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
     """
 
@@ -323,6 +363,9 @@ class TransformerDecoderBackbone(_Backbone):
         scale_embeddings: bool = False,
         embeddings_initializer="uniform",
         token_embedding=None,
+        *,
+        num_key_value_heads: int | None = None,
+        sliding_window: int | None = None,
         **kwargs,
     ):
         kwargs.setdefault("name", "decoder_backbone")
@@ -350,6 +393,7 @@ class TransformerDecoderBackbone(_Backbone):
             "scale_embeddings": scale_embeddings,
             "embeddings_initializer": embeddings_initializer,
         }
+        attention = self._attention_options(num_key_value_heads, sliding_window)
         with keras.name_scope(kwargs["name"]):
             token_ids = keras.Input((None,), dtype="int32", name="token_ids")
             inputs = token_ids
@@ -378,6 +422,7 @@ class TransformerDecoderBackbone(_Backbone):
                     normalize_first=normalize_first,
                     layer_norm_epsilon=layer_norm_epsilon,
                     name=f"decoder_{index}",
+                    **attention,
                 )
                 if cross_attention:
                     x = block(x, encoder_states, encoder_padding_mask=encoder_mask)

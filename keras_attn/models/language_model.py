@@ -43,11 +43,16 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             sizes of the blocks.
         tie_embeddings: output projection = transposed token embedding.
         normalize_first: pre-norm blocks and a final layer norm.
-        position: `"learned"` or `"sinusoidal"` positions.
+        position: `"learned"` or `"sinusoidal"` positions added to the
+            embeddings, or `"rotary"` / `"alibi"` inside the attention (see
+            `TransformerDecoderBackbone`).
         tokenizer: the tokenizer of `generate`, `score` and `export`
             (optional; a lossless `SubwordTokenizer`).
         backbone: a `TransformerDecoderBackbone` without cross-attention to
             put the output projection on (then leave the sizes out).
+        num_key_value_heads: keyword-only, grouped-query attention in every
+            block (`None`: `num_heads`); the KV cache holds these heads.
+        sliding_window: keyword-only, each block's self-attention window.
         **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
     """
 
@@ -66,6 +71,8 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         tokenizer=None,
         *,
         backbone=None,
+        num_key_value_heads: int | None = None,
+        sliding_window: int | None = None,
         **kwargs,
     ):
         kwargs.setdefault("name", "transformer_language_model")
@@ -79,6 +86,8 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             "dropout": dropout,
             "normalize_first": normalize_first,
             "position": position,
+            "num_key_value_heads": num_key_value_heads,
+            "sliding_window": sliding_window,
         }
         if backbone is not None:
             self.check_sizes_unset(TransformerLanguageModel.__init__, sizes)
@@ -146,6 +155,12 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
     dropout = property(lambda self: self.backbone.dropout)
     normalize_first = property(lambda self: self.backbone.normalize_first)
     position = property(lambda self: self.backbone.position)
+    num_key_value_heads = property(
+        lambda self: self.backbone._backbone_config.get("num_key_value_heads")
+    )
+    sliding_window = property(
+        lambda self: self.backbone._backbone_config.get("sliding_window")
+    )
 
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict` on token ids (raw strings: `score`, `generate`)."""
