@@ -701,13 +701,21 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         return self._key_value(value, key, 0)
 
+    def _rotate(self, heads, start_index):
+        """`rotary_embedding` on `(B, T, heads, dim)` from position
+        `start_index`, in the dtype of `heads` (a `RotaryEmbedding` made
+        without the layer's dtype policy computes in its own)."""
+        return ops.cast(
+            self.rotary_embedding(heads, start_index=start_index), heads.dtype
+        )
+
     def _key_value(self, value, key, start_index):
         """The projected key and value heads, the keys rotated from position
         `start_index` with `rotary_embedding`."""
         key = value if key is None else key
         keys = _project(self.key_dense, key)
         if self.rotary_embedding is not None:
-            keys = self.rotary_embedding(keys, start_index=start_index)
+            keys = self._rotate(keys, start_index)
         return keys, _project(self.value_dense, value)
 
     def _check_cache(self, cache) -> bool:
@@ -1139,7 +1147,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         )  # (B, Tq, N, H)
         offset = 0 if cache_update_index is None else cache_update_index
         if self.rotary_embedding is not None:
-            query_heads = self.rotary_embedding(query_heads, start_index=offset)
+            query_heads = self._rotate(query_heads, offset)
         if cache is None or cache_update_index is not None:
             new_keys, new_values = self._key_value(value, key, offset)  # (B,Tv,K,H)
         if cache is None:

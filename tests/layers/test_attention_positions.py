@@ -270,3 +270,18 @@ def test_rotary_block_weights_are_the_default_blocks():
     assert [w.path.split("/", 1)[1] for w in rotary.weights] == [
         w.path.split("/", 1)[1] for w in default.weights
     ]
+
+
+def test_a_float32_rotary_layer_keeps_the_heads_in_the_compute_dtype():
+    """`RotaryEmbedding()` made under the float32 policy, in a
+    mixed_bfloat16 attention layer: the heads stay bfloat16."""
+    rotary = RotaryEmbedding()
+    layer = MultiHeadAttention(
+        HEADS, HEAD_DIM, rotary_embedding=rotary, dtype="mixed_bfloat16"
+    )
+    x = inputs(8)
+    outputs = layer(x, x)
+    assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
+    assert rotary.compute_dtype == "float32"
+    heads = layer._rotate(layer.query_dense(x), 0)
+    assert keras.backend.standardize_dtype(heads.dtype) == "bfloat16"
