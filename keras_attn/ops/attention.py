@@ -88,7 +88,9 @@ def attention_path(
       on a GPU in float32), `keras.ops.dot_product_attention` is plain
       matmuls and a softmax over the `(Tq, Tk)` logits, so it is not taken.
       Nor is it with ALiBi (`alibi`): `keras.ops.dot_product_attention`
-      takes no bias, so such a call is one that no fused kernel runs.
+      takes a bias only as a whole `(B|1, N, Tq, Tk)` tensor, the tensor the
+      memory-efficient path never builds, so such a call is treated as one
+      that no fused kernel runs.
     - `"memory_efficient"`: `keras_attn.ops.memory_efficient_attention`,
       blocks of queries and keys, memory linear in the lengths in both
       passes; dropout included.
@@ -353,10 +355,11 @@ def dot_product_attention(
     query's position is the one the causal mask and the sliding window use),
     computed in float32 before the softmax; the explicit path adds the
     `(N, Tq, Tk)` bias to its logits (the weights it returns include it), the
-    memory-efficient path computes it block by block. No fused kernel takes
-    a bias, so a call with `alibi_slopes` never takes the fused path: it
-    goes to the memory-efficient or the explicit path by the rule for calls
-    that no fused kernel runs (`attention_path`).
+    memory-efficient path computes it block by block. The fused
+    `keras.ops.dot_product_attention` would need the bias as a whole
+    `(B|1, N, Tq, Tk)` tensor, so a call with `alibi_slopes` never takes the
+    fused path: it goes to the memory-efficient or the explicit path by the
+    rule for calls that no fused kernel runs (`attention_path`).
 
     Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
     fewer heads `K` than `query`'s `N` (`N` a multiple of `K`; `K = 1` is
@@ -458,7 +461,7 @@ def dot_product_attention(
     fused_kernel = (
         # jax.nn.dot_product_attention needs value heads as wide as key heads.
         same_head_dims
-        # Nor does it take a bias: with ALiBi there is nothing to probe.
+        # ALiBi would reach it only as a whole (Tq, Tk) bias: not probed.
         and alibi_slopes is None
         and not explicit_only
         and not return_weights

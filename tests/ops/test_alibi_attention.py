@@ -382,7 +382,8 @@ def test_attention_path_never_fused_with_alibi():
 @pytest.mark.jax_only
 def test_a_fused_kernel_does_not_take_an_alibi_call(monkeypatch):
     """Even where a fused kernel would run, `keras.ops.dot_product_attention`
-    (which takes no bias) is not called, and the result has the bias."""
+    (which would need the whole (Tq, Tk) bias) is not called, and the result
+    has the bias."""
     monkeypatch.setattr(attention_module, "fused_kernel_runs", lambda *a, **k: True)
     calls = []
     original = keras.ops.dot_product_attention
