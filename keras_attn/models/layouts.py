@@ -1,0 +1,123 @@
+"""Layout maps for `keras.distribution.ModelParallel`: how the backbones'
+variables are split over a device mesh.
+
+keras-hub publishes `get_layout_map(device_mesh, model_parallel_dim_name,
+data_parallel_dim_name)` as a static method on its larger backbones; keras-attn's
+backbones and tasks have the same method (`layout_map` below), written for
+the kernel shapes of Keras's layers, Megatron-style (Shoeybi et al. 2019):
+
+| variables | shape | axes |
+|---|---|---|
+| query, key, value kernels | `(d, heads, head_dim)` | `(batch, model, None)` |
+| their biases | `(heads, head_dim)` | `(model, None)` |
+| attention output kernel | `(heads, head_dim, d)` | `(model, None, batch)` |
+| feed-forward intermediate kernel | `(d, ff)` | `(batch, model)` |
+| its bias | `(ff,)` | `(model,)` |
+| feed-forward output kernel | `(ff, d)` | `(model, batch)` |
+| token embeddings | `(vocabulary, d)` | `(model, batch)` |
+| position table, layer norms, output biases | | replicated |
+
+The heads and the feed-forward width are split on the `model` axis, so each
+block's attention and feed-forward run on local shards and need one
+all-reduce each, forward and backward. The `batch` axis also splits the
+other axis of each kernel (fully sharded data parallelism, as keras-hub's
+layout maps do); a mesh of `(1, M)` is pure model parallelism. Keras leaves a
+variable that no key matches replicated without a word, and a size that the
+mesh does not divide fails only deep inside the compiler:
+`check_layout_map(model, layout_map)` names each such variable first.
+"""
+
+from __future__ import annotations
+
+import keras
+
+_ATTENTION = r".*attention[^/]*"
+
+# (pattern, axes by role): "model" / "batch" stand for the mesh's axis names.
+_LAYOUT = (
+    (_ATTENTION + r"/(query|key|value)/kernel", ("batch", "model", None)),
+    (_ATTENTION + r"/(query|key|value)/bias", ("model", None)),
+    (_ATTENTION + r"/attention_output/kernel", ("model", None, "batch")),
+    (_ATTENTION + r"/attention_output/bias", (None,)),
+    (r".*feedforward_intermediate_dense/kernel", ("batch", "model")),
+    (r".*feedforward_intermediate_dense/bias", ("model",)),
+    (r".*feedforward_output_dense/kernel", ("model", "batch")),
+    (r".*feedforward_output_dense/bias", (None,)),
+    (r".*token_embedding/embeddings", ("model", "batch")),
+    (r".*position_embedding/embeddings", (None, None)),
+    (r".*(layer_norm|_norm)/(gamma|beta)", (None,)),
+)
+
+
+def layout_map(
+    device_mesh,
+    model_parallel_dim_name: str = "model",
+    data_parallel_dim_name: str = "batch",
+):
+    """A `keras.distribution.LayoutMap` of keras-attn's Transformer
+    backbones and tasks over `device_mesh` (see the module's table).
+
+    Args:
+        device_mesh: a `keras.distribution.DeviceMesh` with both axes below.
+        model_parallel_dim_name: the mesh axis that splits heads, the
+            feed-forward width and the vocabulary.
+        data_parallel_dim_name: the mesh axis of the batch, which also
+            splits the other axis of each kernel.
+
+    Returns:
+        A `LayoutMap` for `keras.distribution.ModelParallel(layout_map=...,
+        batch_dim_name=data_parallel_dim_name)`.
+
+    Raises:
+        ValueError: `device_mesh` is not a `DeviceMesh`, or lacks one of the
+            axes.
+    """
+    if not isinstance(device_mesh, keras.distribution.DeviceMesh):
+        raise ValueError(
+            "`device_mesh` must be a keras.distribution.DeviceMesh. "
+            f"Received: device_mesh={device_mesh!r}"
+        )
+    names = {"model": model_parallel_dim_name, "batch": data_parallel_dim_name}
+    for argument, name in (
+        ("model_parallel_dim_name", model_parallel_dim_name),
+        ("data_parallel_dim_name", data_parallel_dim_name),
+    ):
+        if name not in device_mesh.axis_names:
+            raise ValueError(
+                f"`{argument}` must name an axis of `device_mesh` "
+                f"{list(device_mesh.axis_names)}. Received: {argument}={name!r}"
+            )
+    layouts = keras.distribution.LayoutMap(device_mesh)
+    for pattern, axes in _LAYOUT:
+        layouts[pattern] = tuple(None if axis is None else names[axis] for axis in axes)
+    return layouts
+
+
+def check_layout_map(model, layout_map) -> None:
+    """Check that `layout_map`'s mesh divides every axis it splits.
+
+    Args:
+        model: a built Keras model (a backbone or a task).
+        layout_map: a `keras.distribution.LayoutMap`, e.g. from
+            `model.get_layout_map(mesh)`.
+
+    Raises:
+        ValueError: naming the first variable whose axis the mesh does not
+            divide, its shape, the layout and the mesh.
+    """
+    mesh = layout_map.device_mesh
+    sizes = dict(zip(mesh.axis_names, mesh.shape, strict=True))
+    for variable in model.weights:
+        layout = layout_map[variable.path]
+        if layout is None:
+            continue
+        shape = tuple(variable.shape)
+        for size, axis in zip(shape, layout.axes, strict=False):
+            if axis is not None and size % sizes[axis]:
+                raise ValueError(
+                    f"The mesh does not divide `{variable.path}`: its shape "
+                    f"{shape} is split as {tuple(layout.axes)} over the mesh "
+                    f"{sizes}, and {size} is not a multiple of {sizes[axis]}. "
+                    "Choose sizes (heads, key/value heads, feed-forward width, "
+                    "vocabulary) that the mesh divides, or another mesh."
+                )
