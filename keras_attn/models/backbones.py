@@ -76,11 +76,8 @@ class _Backbone(keras.Model):
     def _attention_options(self, num_key_value_heads, sliding_window) -> dict:
         """The blocks' attention options that were set (grouped-query heads,
         rotary / ALiBi positions, the window), recorded in the config only
-        then, so configs written before them read the same."""
-        v.check_positive_int(
-            "num_key_value_heads", num_key_value_heads, allow_none=True
-        )
-        v.check_positive_int("sliding_window", sliding_window, allow_none=True)
+        then, so configs written before them read the same (the blocks
+        check the values)."""
         position = self._backbone_config["position"]
         options = {
             "num_key_value_heads": num_key_value_heads,

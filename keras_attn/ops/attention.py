@@ -23,6 +23,7 @@ from keras_attn.ops.masks import (
 from keras_attn.ops.memory_efficient_attention import (
     alibi_bias,
     check_alibi_slopes,
+    key_value_groups,
     memory_efficient_attention,
 )
 from keras_attn.ops.softmax import masked_softmax
@@ -658,34 +659,6 @@ def _ungroup_heads(x, groups: int, length):
         return x
     shape = ops.shape(x)
     return ops.reshape(x, (shape[0], shape[1] * groups, length, shape[3]))
-
-
-def key_value_groups(query_shape, key_shape, value_shape=None) -> int:
-    """`N / K`: how many query heads share each key/value head of
-    `(B, T, K, H)` keys (and values) for `(B, T, N, H)` queries; 1 for
-    multi-head attention. Raises a `ValueError` naming the shapes when `K`
-    does not divide `N` or the values' heads differ from the keys'."""
-    num_heads, key_heads = query_shape[2], key_shape[2]
-    if value_shape is not None and not (
-        value_shape[2] is None or key_heads is None or value_shape[2] == key_heads
-    ):
-        raise ValueError(
-            "`key` and `value` must have the same number of heads (axis 2). "
-            f"Received: key.shape={tuple(key_shape)}, "
-            f"value.shape={tuple(value_shape)}"
-        )
-    if num_heads is None or key_heads is None or num_heads == key_heads:
-        return 1
-    if not isinstance(num_heads, int) or not isinstance(key_heads, int):
-        return 1  # symbolic: only the shapes are traced
-    if num_heads % key_heads:
-        raise ValueError(
-            "The number of query heads must be a multiple of the number of "
-            "key/value heads (axis 2), as in grouped-query attention. "
-            f"Received: query.shape={tuple(query_shape)}, "
-            f"key.shape={tuple(key_shape)}"
-        )
-    return num_heads // key_heads
 
 
 def repeat_key_value_heads(x, groups: int):

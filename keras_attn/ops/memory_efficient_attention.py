@@ -367,15 +367,27 @@ def _check_inputs(query, key, value):
                 f"{name}.shape={tuple(tensors[name].shape)}, "
                 f"{other}.shape={tuple(tensors[other].shape)}"
             )
-    return _groups(query.shape, key.shape)
+    return key_value_groups(query.shape, key.shape)
 
 
-def _groups(query_shape, key_shape) -> int:
-    """`G = N / K`, the query heads that share each key/value head (1 when
-    either number is unknown: then they are taken to be equal)."""
+def key_value_groups(query_shape, key_shape, value_shape=None) -> int:
+    """`N / K`: how many query heads share each key/value head of
+    `(B, T, K, H)` keys (and values) for `(B, T, N, H)` queries; 1 for
+    multi-head attention. Raises a `ValueError` naming the shapes when `K`
+    does not divide `N` or the values' heads differ from the keys'."""
     num_heads, key_heads = query_shape[2], key_shape[2]
-    if num_heads is None or key_heads is None:
+    if value_shape is not None and not (
+        value_shape[2] is None or key_heads is None or value_shape[2] == key_heads
+    ):
+        raise ValueError(
+            "`key` and `value` must have the same number of heads (axis 2). "
+            f"Received: key.shape={tuple(key_shape)}, "
+            f"value.shape={tuple(value_shape)}"
+        )
+    if num_heads is None or key_heads is None or num_heads == key_heads:
         return 1
+    if not isinstance(num_heads, int) or not isinstance(key_heads, int):
+        return 1  # symbolic: only the shapes are traced
     if num_heads % key_heads:
         raise ValueError(
             "The number of query heads must be a multiple of the number of "
