@@ -13,7 +13,10 @@ ensembles, evaluation recipes, distribution, precision and losses.
   `language_model_metrics` (both from `score`), `translation_scores`,
   `choose_length_penalty` (the beam's, on held-out pairs),
   `choose_knn_decoding` (kNN-MT's datastore and setting).
-- Distribution: `make_strategy`, `patch_keras_for_multi_worker`, `is_chief`.
+- Distribution: `make_strategy`, `patch_keras_for_multi_worker`, `is_chief`
+  (TensorFlow); `make_distribution`, `data_parallel_size`,
+  `initialize_processes` (several JAX processes, with bounded timeouts),
+  `MultiProcessBackupAndRestore` (JAX).
 - Precision: `resolve_mixed_precision`.
 - Losses: `SmoothedSparseCrossentropy`.
 
@@ -30,7 +33,9 @@ from keras_attn.training.callbacks import (
 )
 from keras_attn.training.distribution import (
     STRATEGY_CHOICES,
+    data_parallel_size,
     is_chief,
+    make_distribution,
     make_strategy,
     patch_keras_for_multi_worker,
 )
@@ -45,6 +50,10 @@ from keras_attn.training.evaluation import (
 )
 from keras_attn.training.fit import FitResult, fit_within_budget
 from keras_attn.training.losses import SmoothedSparseCrossentropy
+from keras_attn.training.multi_process import (
+    MultiProcessBackupAndRestore,
+    initialize_processes,
+)
 from keras_attn.training.optimizers import make_optimizer
 from keras_attn.training.precision import (
     MIXED_PRECISION_CHOICES,
@@ -59,6 +68,7 @@ __all__ = [
     "BudgetCosineDecay",
     "EnsembleFit",
     "FitResult",
+    "MultiProcessBackupAndRestore",
     "SmoothedSparseCrossentropy",
     "StopAtStep",
     "SwapEMAWeights",
@@ -67,11 +77,14 @@ __all__ = [
     "choose_knn_decoding",
     "choose_length_penalty",
     "cpu_supports_bfloat16",
+    "data_parallel_size",
     "fit_ensemble",
     "fit_within_budget",
     "gpu_available",
+    "initialize_processes",
     "is_chief",
     "language_model_metrics",
+    "make_distribution",
     "make_optimizer",
     "make_strategy",
     "patch_keras_for_multi_worker",
