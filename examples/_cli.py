@@ -5,6 +5,7 @@ strategy, `metrics.json` and the summary table."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -158,6 +159,16 @@ def add_run_arguments(
         help="multi-worker: run the script on every worker with its TF_CONFIG; "
         "--batch-size is per replica (per worker on CPUs); only the chief "
         "writes to --out, the others to OUT/workers/<type>_<index>/",
+    )
+    parser.add_argument(
+        "--distribution",
+        default="none",
+        help="JAX (KERAS_BACKEND=jax) only, beside --strategy on TensorFlow: "
+        "'data' (data parallel over every device), 'model:M' (the heads, "
+        "feed-forward width and vocabulary split over M devices), "
+        "'data:D,model:M' (both, a D x M mesh) or 'none'; a size the mesh "
+        "does not divide stays whole (a warning names it); --batch-size is "
+        "per data-parallel replica; several processes: see docs/DISTRIBUTED.md",
     )
     parser.add_argument(
         "--ema-momentum",
@@ -335,12 +346,42 @@ def inherit_run_options(args, names) -> None:
 
 
 class Run(NamedTuple):
-    """What `start_run` set up: the output directory, the dtype policy and
-    the distribution strategy."""
+    """What `start_run` set up: the output directory, the dtype policy, the
+    distribution strategy (TensorFlow) and the `keras.distribution` (JAX,
+    None without one)."""
 
     out: Path
     policy: str
     strategy: object
+    distribution: object = None
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: the global batch is `--batch-size` times
+        this."""
+        return self.strategy.num_replicas_in_sync * training.data_parallel_size(
+            self.distribution
+        )
+
+    @property
+    def drop_remainder(self) -> bool:
+        """Whether the datasets given to `fit` drop a last partial batch:
+        under a `--distribution` that splits the batch, Keras splits each
+        batch evenly over the replicas and cannot split a smaller one."""
+        return training.data_parallel_size(self.distribution) > 1
+
+
+@contextlib.contextmanager
+def whole_batches():
+    """Without the global `keras.distribution` while inside: Keras's
+    `evaluate` and `predict` take every batch, a last partial one too (the
+    sharded weights stay where they are and are read as they are)."""
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(distribution)
 
 
 def start_run(args) -> Run:
@@ -362,6 +403,7 @@ def start_run(args) -> Run:
     policy = training.resolve_mixed_precision(args.mixed_precision)
     keras.config.set_dtype_policy(policy)
     strategy = training.make_strategy(args.strategy)
+    distribution = start_distribution(args)
     out = Path(args.out)
     if not training.is_chief(strategy):
         resolver = strategy.cluster_resolver
@@ -382,7 +424,47 @@ def start_run(args) -> Run:
             else:
                 path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    return Run(out, policy, strategy)
+    return Run(out, policy, strategy, distribution)
+
+
+def start_distribution(args):
+    """The `keras.distribution` of `--distribution` (JAX), set globally
+    before any model is built; None for `none`."""
+    if args.distribution == "none":
+        return None
+    if keras.backend.backend() != "jax":
+        raise SystemExit(
+            f"--distribution {args.distribution} needs KERAS_BACKEND=jax (this "
+            f"is {keras.backend.backend()}); on TensorFlow use --strategy."
+        )
+    if args.strategy not in ("auto", "none"):
+        raise SystemExit(
+            "--distribution (JAX) and --strategy (TensorFlow) do not combine. "
+            f"Received: --distribution {args.distribution} --strategy {args.strategy}"
+        )
+    try:
+        # A variable the mesh does not divide (a character vocabulary of
+        # prime size) is kept whole along that axis, with a warning.
+        distribution = training.make_distribution(
+            args.distribution, indivisible="replicate"
+        )
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
+    keras.distribution.set_distribution(distribution)
+    mesh = distribution.device_mesh
+    logger.info(
+        "Distribution: %s over a %s mesh %s.",
+        type(distribution).__name__,
+        "x".join(map(str, mesh.shape)),
+        list(mesh.axis_names),
+    )
+    if training.data_parallel_size(distribution) > 1:
+        logger.info(
+            "The training and validation batches of fit drop a last partial "
+            "batch (Keras splits each batch evenly over the replicas); the "
+            "test and validation figures are computed on every example."
+        )
+    return distribution
 
 
 def fit_options(args, steps_per_epoch: int, decay_alpha=None, **overrides) -> dict:
@@ -427,12 +509,27 @@ def train(args, model, train_data, validation_data, out: Path, **schedule) -> di
     """`training.fit_within_budget` in `out` with the options of `args`
     (`fit_options`; `schedule`: its `decay_alpha` and overrides), then
     the model saved (`save_model`); returns `fit_metrics`."""
+    check_batches(args, train=train_data, validation=validation_data)
     steps = int(train_data.cardinality())
     fit = training.fit_within_budget(
         model, train_data, validation_data, out, **fit_options(args, steps, **schedule)
     )
     save_model(model, out)
     return fit_metrics(fit, steps)
+
+
+def check_batches(args, **datasets) -> None:
+    """Refuse a split that gives `fit` no batch (its examples fewer than
+    one global batch, whose last partial batch a `--distribution` drops),
+    naming it and the batch."""
+    for split, dataset in datasets.items():
+        if dataset is not None and int(dataset.cardinality()) == 0:
+            raise SystemExit(
+                f"The {split} split gives no full batch of --batch-size "
+                f"{args.batch_size} per replica (--distribution "
+                f"{args.distribution} drops a last partial batch): choose a "
+                "smaller --batch-size."
+            )
 
 
 def save_model(model, out: Path) -> None:
@@ -472,6 +569,20 @@ def write_translations(path, results) -> None:
             handle.write("\t".join(row) + "\n")
 
 
+def describe_distribution():
+    """`{"type", "mesh", "axes"}` of the global `keras.distribution`, or
+    None."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return None
+    mesh = distribution.device_mesh
+    return {
+        "type": type(distribution).__name__,
+        "mesh": list(mesh.shape),
+        "axes": list(mesh.axis_names),
+    }
+
+
 def describe_environment(policy: str, strategy) -> dict:
     import tensorflow as tf
 
@@ -483,6 +594,7 @@ def describe_environment(policy: str, strategy) -> dict:
         "dtype_policy": policy,
         "strategy": type(strategy).__name__,
         "replicas": strategy.num_replicas_in_sync,
+        "distribution": describe_distribution(),
         "cpus": os.cpu_count(),
         "gpus": len(tf.config.list_physical_devices("GPU")),
     }

@@ -94,23 +94,27 @@ def main(argv=None) -> dict:
         with strategy.scope():
             model = build(args, text.SubwordTokenizer(vocabulary))
 
-    def dataset(split, shuffle=False, stride=None):
+    def dataset(split, shuffle=False, stride=None, drop_remainder=False):
         return text.with_cardinality(
             text.language_model_dataset(
                 splits[split],
                 model.tokenizer,
                 sequence_length=args.sequence_length,
-                batch_size=args.batch_size * strategy.num_replicas_in_sync,
+                batch_size=args.batch_size * run.replicas,
                 shuffle=shuffle,
                 seed=args.seed,
                 document_tokens=True,
                 stride=stride,
+                drop_remainder=drop_remainder,
             )
         )
 
     metrics = {}
     if not args.evaluate_only:
-        data = dataset("train", shuffle=True), dataset("validation")
+        data = (
+            dataset("train", shuffle=True, drop_remainder=run.drop_remainder),
+            dataset("validation", drop_remainder=run.drop_remainder),
+        )
         alpha = _options.LANGUAGE_MODEL_CONFIG["training"]["decay_alpha"]
         metrics = _cli.train(args, model, *data, out, decay_alpha=alpha)
     characters = {

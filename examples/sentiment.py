@@ -110,20 +110,29 @@ def main(argv=None) -> dict:
     else:
         checkpoint = _cli.load_pretrained(args.pretrained)
         tokenizer = tokenizer_of(args, splits, out, checkpoint)
-    data = {
-        split: text.with_cardinality(
+
+    def dataset(split, drop_remainder=False):
+        return text.with_cardinality(
             text.classification_dataset(
                 splits[split],
                 tokenizer,
-                batch_size=args.batch_size * strategy.num_replicas_in_sync,
+                batch_size=args.batch_size * run.replicas,
                 max_length=args.max_length,
                 shuffle=split == "train",
                 seed=args.seed,
+                drop_remainder=drop_remainder,
             )
         )
-        for split in ("train", "validation", "test")
-    }
+
+    # fit's batches are split over the replicas of a --distribution: a last
+    # partial batch is dropped there, never from the test figures.
+    data = {s: dataset(s, run.drop_remainder) for s in ("train", "validation")}
+    evaluation_data = {"test": dataset("test")}
+    evaluation_data["validation"] = (
+        dataset("validation") if run.drop_remainder else data["validation"]
+    )
     if not args.evaluate_only:
+        _cli.check_batches(args, **data)
         steps = int(data["train"].cardinality())
         options = _cli.fit_options(args, steps)
         if checkpoint is not None:  # BERT's: warm-up, then a decay to 0
@@ -160,9 +169,10 @@ def main(argv=None) -> dict:
     for split in ("test", "validation"):
         if args.verbose:
             print(f"Evaluating the ensemble on the {split} split:", flush=True)
-        scores = classifier.evaluate(
-            data[split], return_dict=True, verbose=args.verbose
-        )
+        with _cli.whole_batches():  # every example, a last partial batch too
+            scores = classifier.evaluate(
+                evaluation_data[split], return_dict=True, verbose=args.verbose
+            )
         metrics[f"{split}_accuracy"] = float(scores["accuracy"])
     metrics.update(ensemble=len(members), test_examples=len(splits.test))
     if not args.evaluate_only:

@@ -95,18 +95,19 @@ def main(argv=None) -> dict:
     out, strategy = run.out, run.strategy
     splits = load_data(args)
 
-    def dataset(pairs, shuffle=False):
+    def dataset(pairs, shuffle=False, drop_remainder=False):
         return text.with_cardinality(
             text.translation_dataset(
                 pairs,
                 translator.source_tokenizer,
                 translator.target_tokenizer,
-                batch_size=args.batch_size * strategy.num_replicas_in_sync,
+                batch_size=args.batch_size * run.replicas,
                 max_length=args.max_length,
                 shuffle=shuffle,
                 seed=args.seed,
                 sample_weight=True,
                 subword_sampling=(args.subword_sampling or None) if shuffle else None,
+                drop_remainder=drop_remainder,
             )
         )
 
@@ -119,7 +120,10 @@ def main(argv=None) -> dict:
         with strategy.scope():
             translator = build(args, tokenizers, checkpoint)
         alpha = _options.translator_config(args)["training"]["decay_alpha"]
-        data = dataset(splits.train, True), dataset(splits.validation)
+        data = (
+            dataset(splits.train, True, drop_remainder=run.drop_remainder),
+            dataset(splits.validation, drop_remainder=run.drop_remainder),
+        )
         metrics = _cli.train(args, translator, *data, out, decay_alpha=alpha)
     decoding = dict(
         beam_width=args.beam_width, max_length=args.max_length, verbose=args.verbose

@@ -108,16 +108,21 @@ class _Backbone(keras.Model):
         device_mesh,
         model_parallel_dim_name: str = "model",
         data_parallel_dim_name: str = "batch",
+        *,
+        fsdp: bool = True,
     ):
         """A `keras.distribution.LayoutMap` of the backbone's variables over
         `device_mesh`, as keras-hub's backbones' `get_layout_map`: heads,
         feed-forward width and vocabulary on `model_parallel_dim_name`, the
         other axis of each kernel on `data_parallel_dim_name`
         (`keras_attn.models.layouts`;
-        `keras_attn.models.layouts.check_layout_map` checks the sizes)."""
+        `keras_attn.models.layouts.check_layout_map` checks the sizes;
+        `fsdp=False` replicates the kernels over the batch axis)."""
         from keras_attn.models.layouts import layout_map
 
-        return layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name)
+        return layout_map(
+            device_mesh, model_parallel_dim_name, data_parallel_dim_name, fsdp=fsdp
+        )
 
     def save_to_preset(self, preset_dir):
         """Write `config.json`, `model.weights.h5` and `metadata.json` to

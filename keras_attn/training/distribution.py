@@ -143,3 +143,104 @@ def is_chief(strategy) -> bool:
         return True
     has_chief = "chief" in resolver.cluster_spec().as_dict()
     return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def make_distribution(spec: str, devices=None, indivisible: str = "error"):
+    """A `keras.distribution` for `--distribution SPEC` (JAX).
+
+    - `"none"`: None (one device, or whatever `--strategy` sets up on
+      TensorFlow).
+    - `"data"`: `keras.distribution.DataParallel` over every device (of
+      every process); `"data:D"` over the first `D`.
+    - `"model:M"`: model parallel over the first `M` devices, a `(1, M)`
+      mesh.
+    - `"data:D,model:M"`: both, a `(D, M)` mesh over the first `D * M`
+      devices.
+
+    The meshes name their axes `batch` and `model`, and the variables are
+    laid out by `keras_attn.models.layouts.layout_map` (what every
+    backbone's and task's `get_layout_map` returns) with `fsdp=False`:
+    heads, feed-forward width and vocabulary on `model`, the batch on
+    `batch`, the kernels replicated over `batch` (keras-hub's split of the
+    model width over `batch` compiles, on Keras's partitioner, to a plan
+    with many more collectives; BENCHMARKS.md, "Collectives per step"). A variable the mesh does not divide is refused when it is
+    created, with its path, shape and the mesh in the message (JAX's own
+    error names neither), or with `indivisible="replicate"` kept whole
+    along that axis with a warning (`keras_attn.models.layouts.
+    CheckedModelParallel`).
+
+    Args:
+        spec: the specification above.
+        devices: the devices to lay the mesh over (default
+            `keras.distribution.list_devices()`).
+        indivisible: `"error"` or `"replicate"`, as above.
+
+    Returns:
+        A `keras.distribution.Distribution`, or None for `"none"`; set it
+        with `keras.distribution.set_distribution` before building the
+        model.
+
+    Raises:
+        ValueError: a malformed `spec`, or more devices than there are.
+    """
+    import keras
+
+    if not isinstance(spec, str):
+        raise ValueError(
+            "`distribution` must be a string such as 'data', 'model:4' or "
+            f"'data:2,model:4'. Received: distribution={spec!r}"
+        )
+    if spec == "none":
+        return None
+    sizes = _distribution_sizes(spec)
+    devices = list(keras.distribution.list_devices() if devices is None else devices)
+    if sizes is None:  # "data": every device
+        return keras.distribution.DataParallel(devices=devices)
+    data, model = sizes
+    if data * model > len(devices):
+        raise ValueError(
+            f"`distribution` {spec!r} needs {data * model} devices and there "
+            f"are {len(devices)}. Received: distribution={spec!r}"
+        )
+    devices = devices[: data * model]
+    if model == 1:
+        return keras.distribution.DataParallel(devices=devices)
+    from keras_attn.models.layouts import CheckedModelParallel, layout_map
+
+    mesh = keras.distribution.DeviceMesh((data, model), ["batch", "model"], devices)
+    return CheckedModelParallel(
+        layout_map=layout_map(mesh, fsdp=False),
+        batch_dim_name="batch",
+        indivisible=indivisible,
+    )
+
+
+def _distribution_sizes(spec: str):
+    """`(data, model)` axis sizes of a `--distribution` spec; None for
+    `"data"` (every device)."""
+    if spec == "data":
+        return None
+    sizes = {}
+    for part in spec.split(","):
+        name, _, size = part.partition(":")
+        if name not in ("data", "model") or name in sizes or not size.isdigit():
+            sizes = None
+            break
+        sizes[name] = int(size)
+    if not sizes or any(size < 1 for size in sizes.values()):
+        raise ValueError(
+            "`distribution` must be 'none', 'data', 'data:D', 'model:M' or "
+            "'data:D,model:M' with positive integers D and M. Received: "
+            f"distribution={spec!r}"
+        )
+    return sizes.get("data", 1), sizes.get("model", 1)
+
+
+def data_parallel_size(distribution) -> int:
+    """How many ways `distribution` splits a batch (1 for None): the
+    global batch is this many times a per-replica batch."""
+    if distribution is None:
+        return 1
+    mesh = distribution.device_mesh
+    axis = getattr(distribution, "batch_dim_name", None) or mesh.axis_names[0]
+    return dict(zip(mesh.axis_names, mesh.shape, strict=True))[axis]

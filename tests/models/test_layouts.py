@@ -55,6 +55,19 @@ SCRIPT = textwrap.dedent(
             for w in model.weights
         }
 
+    # fsdp=False: the kernels replicated over the batch axis.
+    model = models["language_model"]
+    replicated = type(model).get_layout_map(mesh, fsdp=False)
+    results["no_fsdp"] = {
+        w.path: None if replicated[w.path] is None
+        else list(replicated[w.path].axes)
+        for w in model.weights
+    }
+    try:
+        TransformerLanguageModel.get_layout_map(mesh, fsdp="no")
+    except ValueError as error:
+        results["fsdp_error"] = str(error)
+
     # Sizes the mesh does not divide: named before anything is compiled.
     two_heads = TransformerLanguageModel(64, 16, embedding_dim=32, num_layers=1,
                                          num_heads=4, num_key_value_heads=2)
@@ -160,6 +173,18 @@ def test_every_variable_gets_its_layout(results, name):
     kernels = [path for path in layouts if path.endswith("/kernel")]
     blocks = [p for p in kernels if "feedforward" in p or "attention" in p]
     assert blocks and all(layouts[p][1] is not None for p in blocks)
+
+
+def test_without_fsdp_the_kernels_are_replicated_over_the_batch_axis(results):
+    layouts = results["no_fsdp"]
+    fsdp = results["language_model"]
+    for path, axes in layouts.items():
+        expected = fsdp[path][1]
+        if expected is not None:  # every "batch" replaced by None, "model" kept
+            expected = [None if axis == "batch" else axis for axis in expected]
+        assert axes == expected, path
+    assert any(axes and "model" in axes for axes in layouts.values())
+    assert "Received: fsdp='no'" in results["fsdp_error"]
 
 
 def test_sizes_the_mesh_does_not_divide_are_named(results):
