@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -40,3 +41,23 @@ def matmul_peak(dtype: str, size: int = 2048, rounds: int = 10) -> float:
 
     seconds = alternate({"matmul": call}, rounds=rounds, warmup=2, inner=2)["matmul"]
     return 2 * size**3 / seconds
+
+
+def machine() -> dict:
+    """The CPU model, its count, the flags relevant to the kernels and the
+    load average when asked (a busy machine's times are less trustworthy)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if ":" in line:
+                    key, value = line.split(":", 1)
+                    fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = fields.get("flags", "").split()
+    info = {"cpu": fields.get("model name", "?"), "cpus": os.cpu_count()}
+    for flag in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"):
+        info[flag] = flag in flags
+    info["load_average"] = os.getloadavg()[0]
+    return info

@@ -96,6 +96,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from benchmarks._timing import machine  # noqa: E402
+
 DEVICES = 8
 XLA_DEVICES = f"--xla_force_host_platform_device_count={DEVICES}"
 TASKS = ("language_model", "classifier", "translator")
@@ -170,24 +174,6 @@ def reexecute(argv, args) -> dict:
     if not args.json:
         os.remove(keep)
     return report
-
-
-def machine() -> dict:
-    """The CPU model, its count and the flags relevant to the kernels."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if ":" in line:
-                    key, value = line.split(":", 1)
-                    fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = fields.get("flags", "").split()
-    info = {"cpu": fields.get("model name", "?"), "cpus": os.cpu_count()}
-    for flag in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16"):
-        info[flag] = flag in flags
-    return info
 
 
 # -- reading the HLO ---------------------------------------------------------------

@@ -64,6 +64,8 @@ from fractions import Fraction
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks._timing import machine
+
 MIB = 2**20
 VARIANTS = ("MHA", "GQA")
 QUICK = dict(
@@ -77,25 +79,6 @@ QUICK = dict(
     steps=3,
     rounds=2,
 )
-
-
-def machine() -> dict:
-    """The CPU model, its count and the flags relevant to the kernels."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if ":" in line:
-                    key, value = line.split(":", 1)
-                    fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = fields.get("flags", "").split()
-    info = {"cpu": fields.get("model name", "?"), "cpus": os.cpu_count()}
-    for flag in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"):
-        info[flag] = flag in flags
-    info["load_average"] = os.getloadavg()[0]
-    return info
 
 
 def use_backend(name: str) -> None:

@@ -163,11 +163,11 @@ def make_distribution(spec: str, devices=None, indivisible: str = "error"):
     heads, feed-forward width and vocabulary on `model`, the batch on
     `batch`, the kernels replicated over `batch` (keras-hub's split of the
     model width over `batch` compiles, on Keras's partitioner, to a plan
-    with many more collectives; BENCHMARKS.md, "Collectives per step"). A variable the mesh does not divide is refused when it is
-    created, with its path, shape and the mesh in the message (JAX's own
-    error names neither), or with `indivisible="replicate"` kept whole
-    along that axis with a warning (`keras_attn.models.layouts.
-    CheckedModelParallel`).
+    with many more collectives; BENCHMARKS.md, "Collectives per step").
+    A variable the mesh does not divide is refused when it is created, with
+    its path, shape and the mesh in the message (JAX's own error names
+    neither), or with `indivisible="replicate"` kept whole along that axis
+    with a warning (`keras_attn.models.layouts.CheckedModelParallel`).
 
     Args:
         spec: the specification above.
