@@ -108,9 +108,10 @@ def attention_path(
       when one runs the call and no dropout is active; else the
       memory-efficient path when the key length reaches
       `switch_over_length(dtype)` and there is more than one query; else the
-      explicit path. Follows `keras.config.enable_flash_attention()` /
-      `disable_flash_attention()` when one of them was called (then as
-      `True` / `False`).
+      explicit path. Follows `keras.config.is_flash_attention_enabled()`:
+      after `keras.config.disable_flash_attention()` as `False`. (Keras
+      3.15's `enable_flash_attention()` restores the default, `None`: it
+      forces nothing; set `flash_attention=True` on the layers for that.)
     - `True`: the fused kernel when one runs the call, else the
       memory-efficient path, at any length. A call that needs the attention
       weights raises a `ValueError`.
@@ -279,7 +280,9 @@ def check_flash_attention(flash_attention, dropout: float = 0.0):
     `keras.layers.MultiHeadAttention` refuses it (no fused kernel applies
     dropout to the attention weights; the memory-efficient path could, and
     `flash_attention=None` takes it with dropout on long sequences). `None`
-    counts as `True` after `keras.config.enable_flash_attention()`.
+    counts as `keras.config.is_flash_attention_enabled()` (`False` after
+    `disable_flash_attention()`; Keras 3.15's `enable_flash_attention()`
+    sets `None`, not `True`).
     """
     if flash_attention is not None and not isinstance(flash_attention, bool):
         raise ValueError(
@@ -294,9 +297,10 @@ def check_flash_attention(flash_attention, dropout: float = 0.0):
     if required and dropout > 0:
         raise ValueError(
             "Dropout is not supported when flash attention is enabled. "
-            "A fused attention path (`flash_attention=True`, or `None` after "
-            "`keras.config.enable_flash_attention()`) cannot apply dropout to "
-            "the attention weights: set `dropout=0` or `flash_attention=False`. "
+            "A fused attention path (`flash_attention=True`, or `None` while "
+            "`keras.config.is_flash_attention_enabled()` is True) cannot "
+            "apply dropout to the attention weights: set `dropout=0` or "
+            "`flash_attention=False`. "
             f"Received: flash_attention={flash_attention}, dropout={dropout}"
         )
     return flash_attention
