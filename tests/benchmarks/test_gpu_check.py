@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_case import BLOCK_TENSORFLOW, REPO_ROOT
 
 
+@pytest.mark.large  # 80 s; run it before a session's GPU check
 def test_tiny_run_on_jax_without_tensorflow(tmp_path):
     bundle = tmp_path / "bundle"
     subprocess.run(
