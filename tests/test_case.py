@@ -44,6 +44,28 @@ BLOCK_TENSORFLOW = textwrap.dedent(
 EXAMPLE_HELPERS = ("_cli", "_options")  # examples/ modules the scripts import
 
 
+def run_on_virtual_devices(script: str, *args, devices: int = 8, timeout=900):
+    """Run `script` (Python source) in a fresh process on JAX with `devices`
+    virtual CPU devices (fixed when JAX starts, hence the process) and
+    return the JSON its last line of output prints."""
+    environment = {
+        **os.environ,
+        "KERAS_BACKEND": "jax",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "PYTHONPATH": REPO_ROOT,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def load_example(name: str):
     """`examples/<name>.py` as a module. The scripts' helper modules
     (`examples/_cli.py`, `_options.py`) are registered under their own names

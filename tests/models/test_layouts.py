@@ -3,15 +3,11 @@ divisibility check, and a few training steps under `ModelParallel` on 8
 virtual CPU devices equal to one device (JAX, in a fresh process: the device
 count is fixed when JAX starts)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.test_case import REPO_ROOT
+from tests.test_case import run_on_virtual_devices
 
 SCRIPT = textwrap.dedent(
     """
@@ -118,22 +114,7 @@ SCRIPT = textwrap.dedent(
 
 
 def run(mode):
-    environment = {
-        **os.environ,
-        "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        "PYTHONPATH": REPO_ROOT,
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_on_virtual_devices(SCRIPT, mode)
 
 
 @pytest.fixture(scope="module")
