@@ -34,6 +34,7 @@ from keras_attn.layers._transformer_block import (
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attn.models.layouts import layout_map
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "alibi")
 # Added to the embeddings; the other two act inside the blocks' attention.
@@ -103,26 +104,9 @@ class _Backbone(keras.Model):
             f"'{type(self).__name__}' object has no attribute '{name}'"
         )
 
-    @staticmethod
-    def get_layout_map(
-        device_mesh,
-        model_parallel_dim_name: str = "model",
-        data_parallel_dim_name: str = "batch",
-        *,
-        fsdp: bool = True,
-    ):
-        """A `keras.distribution.LayoutMap` of the backbone's variables over
-        `device_mesh`, as keras-hub's backbones' `get_layout_map`: heads,
-        feed-forward width and vocabulary on `model_parallel_dim_name`, the
-        other axis of each kernel on `data_parallel_dim_name`
-        (`keras_attn.models.layouts`;
-        `keras_attn.models.layouts.check_layout_map` checks the sizes;
-        `fsdp=False` replicates the kernels over the batch axis)."""
-        from keras_attn.models.layouts import layout_map
-
-        return layout_map(
-            device_mesh, model_parallel_dim_name, data_parallel_dim_name, fsdp=fsdp
-        )
+    # keras-hub's static `get_layout_map(device_mesh, model_parallel_dim_name,
+    # data_parallel_dim_name)`, with `fsdp`: `keras_attn.models.layouts`.
+    get_layout_map = staticmethod(layout_map)
 
     def save_to_preset(self, preset_dir):
         """Write `config.json`, `model.weights.h5` and `metadata.json` to

@@ -129,13 +129,17 @@ def check_layout_map(model, layout_map) -> None:
         _check_divides(variable.path, tuple(variable.shape), layout_map[variable.path])
 
 
+def mesh_sizes(device_mesh) -> dict:
+    """`{axis name: size}` of a `keras.distribution.DeviceMesh`."""
+    return dict(zip(device_mesh.axis_names, device_mesh.shape, strict=True))
+
+
 def _indivisible_axes(shape, layout) -> list[int]:
     """The axes of `shape` that `layout` (a `TensorLayout` or None) splits
     over a mesh axis that does not divide them."""
     if layout is None:
         return []
-    mesh = layout.device_mesh
-    sizes = dict(zip(mesh.axis_names, mesh.shape, strict=True))
+    sizes = mesh_sizes(layout.device_mesh)
     return [
         index
         for index, (size, axis) in enumerate(zip(shape, layout.axes, strict=False))
@@ -148,8 +152,7 @@ def _check_divides(path, shape, layout) -> None:
     `path` of `shape` that it splits."""
     axes = _indivisible_axes(shape, layout)
     if axes:
-        mesh = layout.device_mesh
-        sizes = dict(zip(mesh.axis_names, mesh.shape, strict=True))
+        sizes = mesh_sizes(layout.device_mesh)
         size, axis = shape[axes[0]], layout.axes[axes[0]]
         raise ValueError(
             f"The mesh does not divide `{path}`: its shape "

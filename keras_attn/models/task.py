@@ -24,6 +24,7 @@ import keras
 
 from keras_attn.layers._transformer_block import blocks_of_config
 from keras_attn.models import _task
+from keras_attn.models.layouts import layout_map
 
 
 class BackboneTask:
@@ -38,26 +39,9 @@ class BackboneTask:
         """The task's backbones (`backbone` first)."""
         return (self.backbone,)
 
-    @staticmethod
-    def get_layout_map(
-        device_mesh,
-        model_parallel_dim_name: str = "model",
-        data_parallel_dim_name: str = "batch",
-        *,
-        fsdp: bool = True,
-    ):
-        """A `keras.distribution.LayoutMap` of the variables of the task's
-        backbones over `device_mesh` (its head stays replicated), as
-        keras-hub's backbones' `get_layout_map`: heads, feed-forward width
-        and vocabulary on `model_parallel_dim_name`, the other axis of each
-        kernel on `data_parallel_dim_name` (`keras_attn.models.layouts`;
-        `keras_attn.models.layouts.check_layout_map` checks the sizes;
-        `fsdp=False` replicates the kernels over the batch axis)."""
-        from keras_attn.models.layouts import layout_map
-
-        return layout_map(
-            device_mesh, model_parallel_dim_name, data_parallel_dim_name, fsdp=fsdp
-        )
+    # keras-hub's static `get_layout_map(device_mesh, model_parallel_dim_name,
+    # data_parallel_dim_name)`, with `fsdp`: `keras_attn.models.layouts`.
+    get_layout_map = staticmethod(layout_map)
 
     # -- construction ----------------------------------------------------------
 

@@ -241,6 +241,8 @@ def data_parallel_size(distribution) -> int:
     global batch is this many times a per-replica batch."""
     if distribution is None:
         return 1
+    from keras_attn.models.layouts import mesh_sizes
+
     mesh = distribution.device_mesh
     axis = getattr(distribution, "batch_dim_name", None) or mesh.axis_names[0]
-    return dict(zip(mesh.axis_names, mesh.shape, strict=True))[axis]
+    return mesh_sizes(mesh)[axis]
