@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import keras
+import numpy as np
 import pytest
 
 from tests.test_case import BLOCK_TENSORFLOW, REPO_ROOT
@@ -119,3 +121,68 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
 
     assert report["speed"][0]["keras_attn_ms"] > 0
     assert report["speed"][0]["keras_hub_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    "call_kwargs",
+    [
+        {"value_mask": np.array([[True] * 7, [True] * 3 + [False] * 4, [False] * 7])},
+        {"use_causal_mask": True},
+        {"attention_mask": np.tri(5, 7, dtype=bool)[None].repeat(3, axis=0)},
+    ],
+    ids=["padding", "causal", "explicit_mask"],
+)
+def test_the_same_inputs_reference_is_the_float32_layer(call_kwargs):
+    # The large-logits reference: float64 attention of the layer's own
+    # projections. For a float32 layer it must be the layer's output, with
+    # rows that attend to no key exactly zero.
+    from benchmarks import gpu_check
+    from keras_attn.layers import MultiHeadAttention
+
+    rng = np.random.default_rng(0)
+    query = rng.normal(size=(3, 5, 16)).astype("float32")
+    value = rng.normal(size=(3, 7, 16)).astype("float32")
+    if call_kwargs.get("use_causal_mask"):
+        value = value[:, :5]
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=False)
+    expected = keras.ops.convert_to_numpy(layer(query, value, **call_kwargs))
+    reference = gpu_check.same_inputs_reference(layer, query, value, call_kwargs)
+    np.testing.assert_allclose(reference, expected, rtol=1e-5, atol=1e-5)
+    if "value_mask" in call_kwargs:
+        assert (reference[2] == 0).all()
+
+
+def test_a_path_may_be_as_far_from_the_same_inputs_reference_as_the_explicit_path():
+    from benchmarks import gpu_check
+
+    reference = np.zeros((1, 2, 4))
+    outputs = {
+        "explicit": reference + 0.5,  # Keras's numerics: the bound
+        "auto": reference + 0.1,
+        "fused_or_memory_efficient": reference + 0.6,
+    }
+    rows = [
+        {
+            "case": "large_logits",
+            "policy": "mixed_bfloat16",
+            "asked": path,
+            "max_error_vs_float32": 0.9,
+            "tolerance": 0.03,
+            "finite": True,
+        }
+        for path in outputs
+    ]
+    gpu_check.compare_with_same_inputs(
+        rows, "large_logits", "mixed_bfloat16", outputs, reference, scale=1.0
+    )
+    explicit, auto, fused = rows
+    assert fused["tolerance"] == pytest.approx(0.5)
+    assert "max_error_vs_same_inputs" not in explicit
+    assert explicit["error_vs_same_inputs_not_checked"] == pytest.approx(0.5)
+    assert auto["max_error_vs_same_inputs"] == pytest.approx(0.1)
+    assert auto["tolerance"] == pytest.approx(0.5)
+    found = gpu_check.problems({"errors": {}, "numerics": rows})
+    assert found == [
+        "difference 6.00e-01 > 0.5: large_logits mixed_bfloat16 "
+        "fused_or_memory_efficient None"
+    ]
