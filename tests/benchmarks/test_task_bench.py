@@ -12,7 +12,12 @@ import pytest
 
 from tests.test_case import REPO_ROOT
 
-pytestmark = pytest.mark.tf_only  # WordPiece and SentencePiece: TensorFlow Text
+pytestmark = [
+    pytest.mark.tf_only,  # WordPiece and SentencePiece: TensorFlow Text
+    # 40 s of setup: the task methods themselves are tested in tests/models;
+    # this checks that the benchmark still runs (make test-large).
+    pytest.mark.large,
+]
 
 
 def numbers(tree):

@@ -247,6 +247,8 @@ def test_sentiment_refuses_mismatched_encoder_options(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+# 45 s: the datastore's count is tested in tests/memory, the flag's wiring here.
+@pytest.mark.large
 def test_knn_phrases_put_the_phrase_pairs_in_the_datastore(
     ding_fixture, tmp_path, capsys
 ):
