@@ -260,6 +260,9 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         `sequence_length`) start every `context_length // 2` positions; a
         window scores only the targets the previous one did not (each with
         at least that much context), so every target is scored exactly once.
+        When the rows have a static width shorter than the context, one
+        window as wide as the rows scores them (the same scores, at the cost
+        of the batch's length rather than the context's).
         With a `ContinuousCache`, each target's probability is the mixture
         of the model's and a cache of the text's own earlier positions
         (`keras_attn.memory.continuous_cache_log_probs`; a text is one
@@ -288,9 +291,14 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             raise ValueError(
                 f"`context_length` must be at least 2. Received: {context}"
             )
-        stride = context // 2
         sequence = ops.cast(ops.convert_to_tensor(token_ids), "int32")  # (B, L)
         batch, longest = ops.shape(sequence)[0], ops.shape(sequence)[1]
+        if isinstance(longest, int) and longest - 1 < context:
+            # One window holds every target: make it as wide as the batch, not
+            # the whole context (the model is causal, so the targets' scores
+            # do not change; short texts cost their own length).
+            context = max(longest - 1, 1)
+        stride = max(context // 2, 1)
         num_tokens = ops.sum(ops.cast(sequence != PAD_ID, "int32"), axis=1) - 1
         if isinstance(longest, int):  # a static length: Python arithmetic
             windows = 1 + max(0, longest - 1 - context + stride - 1) // stride

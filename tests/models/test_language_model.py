@@ -132,6 +132,39 @@ def test_score_ids_scores_every_target_once_in_sliding_windows():
     )
 
 
+@pytest.mark.parametrize("position", ["learned", "rotary", "alibi"])
+def test_rows_shorter_than_the_context_are_scored_in_one_window_as_wide(
+    position, monkeypatch
+):
+    """A batch narrower than the context is scored by one window of its own
+    width, with the scores of the context-wide window (the model is causal)."""
+    model = small_language_model(position=position)  # a context of 12
+    rows = np.array([[2, 5, 6, 7, 3], [2, 8, 3, 0, 0]], "int32")
+    widths = []
+    call_with_states = model.call_with_states
+
+    def recorded(inputs):
+        widths.append(int(inputs.shape[1]))
+        return call_with_states(inputs)
+
+    monkeypatch.setattr(model, "call_with_states", recorded)
+    cache = ContinuousCache(theta=0.5, lam=0.3)
+    short = model.score_ids(rows, continuous_cache=cache)
+    assert widths == [4]  # the inputs of the longest row's 4 targets
+    wide = np.pad(rows, [[0, 0], [0, 13 - rows.shape[1]]])  # 12 targets wide
+    full = model.score_ids(wide, continuous_cache=cache)
+    assert widths == [4, 12]
+    for name in ("log_likelihood", "model_log_likelihood", "num_tokens"):
+        np.testing.assert_allclose(
+            to_numpy(short[name]), to_numpy(full[name]), rtol=1e-5, err_msg=name
+        )
+    np.testing.assert_array_equal(to_numpy(short["num_tokens"]), [4, 2])
+    # Longer than the context: windows of the context's width, as before.
+    widths.clear()
+    model.score_ids(np.full((1, 20), 5, "int32"))
+    assert set(widths) == {12}
+
+
 def test_round_trip_and_bad_arguments(tmp_path):
     model = small_language_model()
     model.save(tmp_path / "lm.keras")
