@@ -296,9 +296,10 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         if isinstance(longest, int) and longest - 1 < context:
             # One window holds every target: make it as wide as the batch, not
             # the whole context (the model is causal, so the targets' scores
-            # do not change; short texts cost their own length).
-            context = max(longest - 1, 1)
-        stride = max(context // 2, 1)
+            # do not change; short texts cost their own length). At least 2:
+            # a softmax over one key draws a warning from Keras.
+            context = max(longest - 1, 2)
+        stride = context // 2
         num_tokens = ops.sum(ops.cast(sequence != PAD_ID, "int32"), axis=1) - 1
         if isinstance(longest, int):  # a static length: Python arithmetic
             windows = 1 + max(0, longest - 1 - context + stride - 1) // stride
