@@ -260,9 +260,9 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         `sequence_length`) start every `context_length // 2` positions; a
         window scores only the targets the previous one did not (each with
         at least that much context), so every target is scored exactly once.
-        When the rows have a static width shorter than the context, one
-        window as wide as the rows scores them (the same scores, at the cost
-        of the batch's length rather than the context's).
+        Rows narrower than the context are scored by one window as wide as
+        the rows (the same scores, at the cost of the batch's length rather
+        than the context's), eagerly and in a traced graph.
         With a `ContinuousCache`, each target's probability is the mixture
         of the model's and a cache of the text's own earlier positions
         (`keras_attn.memory.continuous_cache_log_probs`; a text is one
@@ -293,12 +293,14 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             )
         sequence = ops.cast(ops.convert_to_tensor(token_ids), "int32")  # (B, L)
         batch, longest = ops.shape(sequence)[0], ops.shape(sequence)[1]
-        if isinstance(longest, int) and longest - 1 < context:
-            # One window holds every target: make it as wide as the batch, not
-            # the whole context (the model is causal, so the targets' scores
-            # do not change; short texts cost their own length). At least 2:
-            # a softmax over one key draws a warning from Keras.
-            context = max(longest - 1, 2)
+        # When one window holds every target, it is as wide as the batch, not
+        # the whole context: the model is causal, so the targets' scores do
+        # not change, and short texts cost their own length. At least 2: a
+        # softmax over one key draws a warning from Keras.
+        if isinstance(longest, int):
+            context = min(context, max(longest - 1, 2))
+        else:  # a traced width (the export's signature): the same, as a tensor
+            context = ops.minimum(context, ops.maximum(longest - 1, 2))
         stride = context // 2
         num_tokens = ops.sum(ops.cast(sequence != PAD_ID, "int32"), axis=1) - 1
         if isinstance(longest, int):  # a static length: Python arithmetic

@@ -165,6 +165,32 @@ def test_rows_shorter_than_the_context_are_scored_in_one_window_as_wide(
     assert set(widths) == {12}
 
 
+@pytest.mark.tf_only
+def test_a_traced_width_narrows_the_window_too(monkeypatch):
+    """The export's `score` signature traces ids of unknown width: its one
+    window is as wide as the batch there too, with the eager scores."""
+    import tensorflow as tf
+
+    model = small_language_model()
+    rows = np.array([[2, 5, 6, 7, 3], [2, 8, 3, 0, 0]], "int32")
+    eager = model.score_ids(rows)["log_likelihood"].numpy()
+    call_with_states = model.call_with_states
+
+    def at_most_four_wide(inputs):
+        check = tf.debugging.assert_less_equal(tf.shape(inputs)[1], 4)
+        with tf.control_dependencies([check]):
+            return call_with_states(tf.identity(inputs))
+
+    monkeypatch.setattr(model, "call_with_states", at_most_four_wide)
+    traced = tf.function(
+        lambda ids: model.score_ids(ids)["log_likelihood"],
+        input_signature=[tf.TensorSpec((None, None), tf.int32)],
+    )
+    np.testing.assert_allclose(traced(rows).numpy(), eager, rtol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError):  # 12 wide: one window
+        traced(np.full((1, 13), 5, "int32"))
+
+
 def test_round_trip_and_bad_arguments(tmp_path):
     model = small_language_model()
     model.save(tmp_path / "lm.keras")
