@@ -297,16 +297,15 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         # the whole context: the model is causal, so the targets' scores do
         # not change, and short texts cost their own length. At least 2: a
         # softmax over one key draws a warning from Keras.
-        if isinstance(longest, int):
-            context = min(context, max(longest - 1, 2))
-        else:  # a traced width (the export's signature): the same, as a tensor
-            context = ops.minimum(context, ops.maximum(longest - 1, 2))
-        stride = context // 2
-        num_tokens = ops.sum(ops.cast(sequence != PAD_ID, "int32"), axis=1) - 1
         if isinstance(longest, int):  # a static length: Python arithmetic
+            context = min(context, max(longest - 1, 2))
+            stride = context // 2
             windows = 1 + max(0, longest - 1 - context + stride - 1) // stride
-        else:
+        else:  # a traced width (the export's signature): the same, as tensors
+            context = ops.minimum(context, ops.maximum(longest - 1, 2))
+            stride = context // 2
             windows = 1 + ops.maximum(0, longest - 1 - context + stride - 1) // stride
+        num_tokens = ops.sum(ops.cast(sequence != PAD_ID, "int32"), axis=1) - 1
         padded_length = (windows - 1) * stride + context + 1
         sequence = ops.pad(sequence, [[0, 0], [0, padded_length - longest]])
 
