@@ -4,7 +4,7 @@ flat memory.
 Each method runs in a fresh process on small models built there: first on
 200 texts (which compiles what it needs and reaches every length bucket the
 texts have), then on 2,000 (10,000) texts drawn from the same sentences. The process's
-peak resident memory (`ru_maxrss`) after each is compared: in batches, the
+peak resident memory (`VmHWM`) after each is compared: in batches, the
 2,000 texts need only their answers more (kilobytes), so the peak hardly
 moves; one pass over the whole list (what `classify` did before it batched)
 grows with the number of texts: the control below shows that growth is well
@@ -34,7 +34,7 @@ BOUND_MIB = 100
 
 SCRIPT = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
 
     import numpy as np
     from keras_attn.models import (
@@ -71,7 +71,11 @@ SCRIPT = textwrap.dedent(
             run = lambda texts, **kw: model.score(texts, **kw)["num_tokens"]
 
     def peak_mib():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB
+        # VmHWM, this process's own peak: `ru_maxrss` would start from the
+        # pytest worker's resident size at the fork, hiding growth below it.
+        with open("/proc/self/status") as status:
+            line = next(x for x in status if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024  # kB
 
     if control == "1":  # what classify did before it batched: one eager
         # pass over the whole list, padded to `sequence_length`
