@@ -28,13 +28,26 @@ class BahdanauAttention(BaseAttention):
     `g · v / ||v||` with a learned scalar `g`, and a bias `b` is added inside
     the `tanh`.
 
+    With `use_bias=True` the plain score has that bias too,
+    `e = vᵀ tanh(W_q q + W_k k + b)`: the form of TensorFlow's NMT tutorial,
+    whose `Dense` layers `W1` and `W2` each carry a bias inside the `tanh`
+    (`b` is their sum; copy `W1.bias + W2.bias` into `score_bias`) and whose
+    `V` carries one outside it, which adds the same number to every score
+    and cancels in the softmax (drop it).
+
     Args:
         units: size of the projections `W_q`, `W_k` and of `v`.
-        normalize: use the weight-normalised score.
+        normalize: use the weight-normalised score (it has a bias `b` inside
+            the `tanh`).
         dropout: dropout rate on the attention weights, in [0, 1).
         kernel_initializer: initializer of `W_q`, `W_k` and `v`.
         kernel_regularizer: regularizer of `W_q`, `W_k` and `v`.
         seed: seed of the dropout.
+        use_bias: add a learned bias `b` of size `units` inside the `tanh` of
+            the plain score (the weight `score_bias`, zeros at first, created
+            after `W_q`, `W_k` and `v`). The default `False` is Bahdanau's
+            paper, without biases. `normalize=True` has the bias already:
+            the two cannot be combined.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments and returns: see `BaseAttention`. The query is one decoder
@@ -61,6 +74,7 @@ class BahdanauAttention(BaseAttention):
         kernel_initializer="glorot_uniform",
         kernel_regularizer=None,
         seed: int | None = None,
+        use_bias: bool = False,
         **kwargs,
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
@@ -69,7 +83,18 @@ class BahdanauAttention(BaseAttention):
             raise ValueError(
                 f"`normalize` must be a bool. Received: normalize={normalize!r}"
             )
+        if not isinstance(use_bias, bool):
+            raise ValueError(
+                f"`use_bias` must be a bool. Received: use_bias={use_bias!r}"
+            )
+        if use_bias and normalize:
+            raise ValueError(
+                "`use_bias=True` adds the bias inside the `tanh` that "
+                "`normalize=True` already has; pass one of them. Received: "
+                f"use_bias={use_bias!r}, normalize={normalize!r}"
+            )
         self.normalize = normalize
+        self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
 
@@ -87,6 +112,10 @@ class BahdanauAttention(BaseAttention):
         # v is a (units,) vector; glorot on a 1-D shape would treat it as
         # (units, units) fans, so initialise it as the column it is.
         self.score_vector = weight("score_vector", (self.units,), "glorot_uniform")
+        if self.use_bias:
+            self.score_bias = self.add_weight(
+                name="score_bias", shape=(self.units,), initializer="zeros"
+            )  # b
         if self.normalize:
             self.score_scale = self.add_weight(
                 name="score_scale",
@@ -120,7 +149,7 @@ class BahdanauAttention(BaseAttention):
         )  # (B, Tq, units)
         projected_key = ops.cast(projected_key, projected_query.dtype)
         score_vector = self.score_vector
-        bias = None
+        bias = self.score_bias if self.use_bias else None
         if self.normalize:
             score_vector = (
                 self.score_scale
@@ -138,6 +167,7 @@ class BahdanauAttention(BaseAttention):
             {
                 "units": self.units,
                 "normalize": self.normalize,
+                "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),

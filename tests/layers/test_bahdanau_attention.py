@@ -1,3 +1,5 @@
+import tempfile
+
 import keras
 import numpy as np
 import pytest
@@ -48,6 +50,14 @@ class BahdanauAttentionTest(TestCase):
             call_kwargs={"return_attention_scores": True},
             expected_num_trainable_weights=5,
         )
+        self.run_layer_test(
+            BahdanauAttention,
+            {"units": 7, "use_bias": True},
+            {"query": QUERY, "value": VALUE},
+            expected_output_shape=[(2, 3, 4), (2, 3, 5)],
+            call_kwargs={"return_attention_scores": True},
+            expected_num_trainable_weights=4,
+        )
 
     def test_matches_the_paper_formula(self):
         for normalize in (False, True):
@@ -71,6 +81,49 @@ class BahdanauAttentionTest(TestCase):
             )
             self.assertAllClose(weights, expected_weights, atol=1e-5)
             self.assertAllClose(context, expected_context, atol=1e-5)
+
+    def test_use_bias_matches_the_formula_with_a_bias(self):
+        layer = BahdanauAttention(units=7, use_bias=True)
+        layer(QUERY, VALUE)  # builds
+        bias = RNG.normal(size=(7,)).astype("float32")
+        layer.score_bias.assign(bias)
+        expected_context, expected_weights = numpy_bahdanau(
+            QUERY.astype("float64"),
+            VALUE.astype("float64"),
+            to_numpy(layer.query_kernel),
+            to_numpy(layer.key_kernel),
+            to_numpy(layer.score_vector),
+            b=bias.astype("float64"),
+        )
+        context, weights = layer(QUERY, VALUE, return_attention_scores=True)
+        self.assertAllClose(weights, expected_weights, atol=1e-5)
+        self.assertAllClose(context, expected_context, atol=1e-5)
+        # A precomputed key projection takes the bias too (a decoder loop).
+        context, weights = layer(
+            QUERY,
+            VALUE,
+            return_attention_scores=True,
+            projected_key=layer.project_key(VALUE),
+        )
+        self.assertAllClose(weights, expected_weights, atol=1e-5)
+        self.assertAllClose(context, expected_context, atol=1e-5)
+        # The bias matters: without it the weights are the bias-free formula's.
+        layer.score_bias.assign(np.zeros((7,), "float32"))
+        self.assertGreater(
+            np.abs(to_numpy(layer(QUERY, VALUE)) - expected_context).max(), 1e-3
+        )
+
+    def test_weight_layout(self):
+        # The default keeps the paper's three weights, in the order weight
+        # files record them; `use_bias=True` appends `score_bias`.
+        names = {}
+        for use_bias in (False, True):
+            layer = BahdanauAttention(units=10, use_bias=use_bias)
+            layer(STATE, VALUE)
+            names[use_bias] = [w.path.split("/")[-1] for w in layer.weights]
+            self.assertEqual(layer.count_params(), 6 * 10 + 4 * 10 + 10 + use_bias * 10)
+        self.assertEqual(names[False], ["query_kernel", "key_kernel", "score_vector"])
+        self.assertEqual(names[True], [*names[False], "score_bias"])
 
     def test_single_state_equals_a_length_one_sequence(self):
         layer = BahdanauAttention(units=7)
@@ -140,9 +193,36 @@ class BahdanauAttentionTest(TestCase):
             {"units": 7, "normalize": True, "dropout": 0.1, "seed": 3},
             {"query": QUERY, "value": VALUE},
         )
+        self.run_serialization_test(
+            BahdanauAttention,
+            {"units": 7, "use_bias": True},
+            {"query": QUERY, "value": VALUE},
+        )
+        self.run_precision_test(
+            BahdanauAttention,
+            {"units": 7, "use_bias": True},
+            {"query": QUERY, "value": VALUE},
+        )
         self.run_precision_test(
             BahdanauAttention, {"units": 7}, {"query": QUERY, "value": VALUE}
         )
+
+    def test_use_bias_saves_its_bias(self):
+        state = keras.Input((6,))
+        value = keras.Input((None, 4))
+        layer = BahdanauAttention(units=7, use_bias=True)
+        model = keras.Model([state, value], layer(state, value))
+        layer.score_bias.assign(RNG.normal(size=(7,)).astype("float32"))
+        expected = to_numpy(model([STATE, VALUE]))
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save(f"{tmp}/model.keras")
+            loaded = keras.saving.load_model(f"{tmp}/model.keras")
+        self.assertTrue(loaded.layers[-1].use_bias)
+        np.testing.assert_array_equal(to_numpy(loaded([STATE, VALUE])), expected)
+        # A config written before `use_bias` existed loads as the default.
+        config = layer.get_config()
+        del config["use_bias"]
+        self.assertFalse(BahdanauAttention.from_config(config).use_bias)
 
     @pytest.mark.tf_only
     def test_saved_model_round_trip(self):
@@ -199,6 +279,15 @@ class BahdanauAttentionTest(TestCase):
             BahdanauAttention(units=3, dropout=1.0)
         with self.assertRaisesRegex(ValueError, r"Received: normalize='yes'"):
             BahdanauAttention(units=3, normalize="yes")
+        for bad in ("yes", 1, None):
+            with self.assertRaisesRegex(
+                ValueError, rf"`use_bias` must be a bool. Received: use_bias={bad!r}"
+            ):
+                BahdanauAttention(units=3, use_bias=bad)
+        with self.assertRaisesRegex(
+            ValueError, r"normalize=True.*Received: use_bias=True, normalize=True"
+        ):
+            BahdanauAttention(units=3, use_bias=True, normalize=True)
         layer = BahdanauAttention(units=3)
         with self.assertRaisesRegex(ValueError, r"`query` must have rank 2 or 3"):
             layer(np.zeros((2, 3, 4, 5), "float32"), VALUE)

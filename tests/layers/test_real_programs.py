@@ -10,6 +10,10 @@ twice, the weights copied across (`set_weights`, and `.weights.h5` files where
 the program uses keras-hub's layers), and the outputs compared at the
 positions that hold tokens (keras-attn gives a padded query row zeros where
 Keras averages the values); then the keras-attn program trains a step.
+
+TensorFlow's NMT tutorial needs two documented edits besides the swap
+(`use_bias=True`, `return_attention_scores=True`):
+tests/layers/test_nmt_tutorial.py runs it.
 """
 
 from types import SimpleNamespace
