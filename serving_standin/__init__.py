@@ -10,9 +10,11 @@ installed); import it with the repository root on `sys.path` (pytest puts
 it there for the tests; the scripts insert it).
 
 - `server.StandInServer`: one export, loaded as TF Serving loads it,
-  answering `PredictRequest`s, REST `:predict` bodies and requests that
-  arrive together under batching; `server.predict_request` builds a
-  client's `PredictRequest`.
+  answering `PredictRequest`s, REST `:predict` bodies (`rest`), HTTP
+  requests to the server's REST port (`http`: routes, methods, status
+  codes) and requests that arrive together under batching;
+  `server.predict_request` builds a client's `PredictRequest`.
+- `http_port.serve`: `StandInServer.http` behind a socket on 127.0.0.1.
 - `rest`: the REST JSON forms (`util/json_tensor.cc`).
 - `batching.run_batched`: what the server's `BatchingSession` does to
   requests that arrive together (merge, pad to an allowed size, split).

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -29,16 +31,24 @@ from keras_attn.export._predict import (
 )
 
 
-def rest_to_request(body: str | bytes, model_name: str, meta_graph):
+def rest_to_request(body: str | bytes, model_name: str, meta_graph, find_servable=None):
     """A REST `:predict` JSON body as the `PredictRequest` the server builds
     from it (FillPredictRequestFromJson). Returns `(request, form)` with
-    `form` "row" (`instances`) or "columnar" (`inputs`)."""
+    `form` "row" (`instances`) or "columnar" (`inputs`).
+
+    `find_servable()`, when given, is the server's look-up of the model (and
+    version) the URL names, made after the body is parsed and before the
+    signature is: it raises the `PredictError` of a model not served.
+
+    Like the server's parser (RapidJSON, without encoding validation), bytes
+    that are not UTF-8 inside a JSON string are taken as they are (the
+    string tensor holds them); a `\\u` escape of a lone surrogate is a
+    parse error; of duplicate keys the first counts; NaN and Infinity are
+    numbers, and a number beyond a double's range is a parse error.
+    """
     from tensorflow_serving.apis import predict_pb2
 
-    try:
-        document = json.loads(body)
-    except ValueError as error:
-        raise PredictError("INVALID_ARGUMENT", f"JSON Parse error: {error}") from None
+    document = _parse(body)
     if not isinstance(document, dict):
         raise PredictError(
             "INVALID_ARGUMENT", f"JSON Value: {_debug(document)} Is not object"
@@ -51,8 +61,16 @@ def rest_to_request(body: str | bytes, model_name: str, meta_graph):
                 "INVALID_ARGUMENT", "'signature_name' key must be a string"
             )
         request.model_spec.signature_name = document["signature_name"]
-    _, signature = signature_for(meta_graph, request)
+    if find_servable is not None:
+        find_servable()
+    name, signature = signature_for(meta_graph, request)
     infos = dict(signature.inputs)
+    if not infos:
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            "Failed to get input map for signature: "
+            f"{request.model_spec.signature_name or 'DEFAULT'}",
+        )
     if "instances" in document and "inputs" in document:
         raise PredictError(
             "INVALID_ARGUMENT",
@@ -72,17 +90,110 @@ def rest_to_request(body: str | bytes, model_name: str, meta_graph):
                 "INVALID_ARGUMENT",
                 f"JSON Value: {_debug(document)} No values in 'instances' array",
             )
-        columns = _columns_from_instances(instances, infos)
         form = "row"
     elif "inputs" in document:
-        columns = _columns_from_inputs(document["inputs"], infos)
         form = "columnar"
     else:
         raise PredictError("INVALID_ARGUMENT", "Missing 'inputs' or 'instances' key")
+    try:
+        if form == "row":
+            columns = _columns_from_instances(document["instances"], infos)
+        else:
+            columns = _columns_from_inputs(document["inputs"], infos)
+    except RecursionError:
+        # Lists nested deeper than Python recurses: the server reads them,
+        # into a tensor of more dimensions than a TensorShape holds (254).
+        raise PredictError(
+            "INVALID_ARGUMENT", f"tensor parsing error: {sorted(infos)[0]}"
+        ) from None
     for name, column in columns.items():
         dtype = tf.dtypes.as_dtype(infos[name].dtype)
-        request.inputs[name].CopyFrom(_tensor_from_json(column, dtype))
+        try:
+            tensor = _tensor_from_json(column, dtype)
+        except ValueError:  # more dimensions than a tensor (or NumPy) holds
+            raise PredictError(
+                "INVALID_ARGUMENT", f"tensor parsing error: {name}"
+            ) from None
+        request.inputs[name].CopyFrom(tensor)
     return request, form
+
+
+# A `\\u` escape of a UTF-16 surrogate, or any other escape (consumed whole,
+# so that an escaped backslash is not read as the start of one).
+_ESCAPE = re.compile(r"\\(?:u([dD][89a-fA-F][0-9a-fA-F]{2})|.)", re.DOTALL)
+
+
+def _parse(body):
+    """The JSON document of `body` (ParseJson)."""
+    if isinstance(body, (bytes, bytearray)):
+        text = bytes(body).decode("utf-8", "surrogateescape")
+    else:
+        text = body
+    if not text:
+        raise PredictError(
+            "INVALID_ARGUMENT", "JSON Parse error: The document is empty"
+        )
+    bad = high = None  # a lone surrogate escape; a high one before its low
+    for match in _ESCAPE.finditer(text):
+        unit = match.group(1)
+        is_high = unit is not None and unit[1].lower() in "89ab"
+        is_low = unit is not None and not is_high
+        if high is not None:
+            if is_low and match.start() == high.end():
+                high = None
+                continue
+            bad = high
+            break
+        if is_high:
+            high = match
+        elif is_low:
+            bad = match
+            break
+    bad = bad or high
+    if bad is not None:
+        offset = len(text[: bad.start()].encode("utf-8", "surrogateescape"))
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            "JSON Parse error: The surrogate pair in string is invalid. "
+            f"at offset: {offset}",
+        )
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_first_of_each_key,
+            parse_float=_double,
+            parse_int=_integer,
+        )
+    except RecursionError:
+        raise PredictError(
+            "INVALID_ARGUMENT",
+            "JSON Parse error: nested deeper than the stand-in parses (the "
+            "server's recursive parser may not survive it)",
+        ) from None
+    except ValueError as error:
+        raise PredictError("INVALID_ARGUMENT", f"JSON Parse error: {error}") from None
+
+
+def _first_of_each_key(pairs):
+    """RapidJSON's FindMember finds a key's first occurrence."""
+    found = {}
+    for key, value in pairs:
+        found.setdefault(key, value)
+    return found
+
+
+def _double(text):
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError("Number too big to be stored in double.")
+    return value
+
+
+def _integer(text):
+    value = int(text)
+    if abs(value) >= 2**64 and math.isinf(float(text)):
+        raise ValueError("Number too big to be stored in double.")
+    return value
 
 
 def _is_b64(value) -> bool:
@@ -264,7 +375,8 @@ def _value(value, dtype):
     if dtype == tf.string:
         if not isinstance(value, str):
             raise type_error()
-        return value.encode("utf-8")
+        # Bytes that were not UTF-8 in the body come back as they were.
+        return value.encode("utf-8", "surrogateescape")
     if dtype == tf.bool:
         if not isinstance(value, bool):
             raise type_error()
@@ -360,5 +472,10 @@ def response_to_rest(response, form: str) -> str:
 
 
 def error_to_rest(error: PredictError) -> str:
-    """The REST body of an error (`{"error": message}`)."""
-    return json.dumps({"error": error.message}, ensure_ascii=False)
+    """The REST body of an error (`{"error": message}`). Bytes of the
+    request that were not UTF-8 and appear in the message are written as
+    `\\xNN` (the server C-escapes its messages: `\\NNN`)."""
+    message = error.message.encode("utf-8", "surrogateescape").decode(
+        "utf-8", "backslashreplace"
+    )
+    return json.dumps({"error": message}, ensure_ascii=False)

@@ -10,7 +10,9 @@ arrive together (`batching.run_batched`).
 
 from __future__ import annotations
 
+import re
 import threading
+from urllib.parse import unquote_to_bytes
 
 import numpy as np
 import tensorflow as tf
@@ -23,16 +25,52 @@ from keras_attn.export.check import resolve_version_dir
 from serving_standin import rest as rest_protocol
 from serving_standin.batching import BatchingError, run_batched
 
-# TF Serving's HTTP status for each error code (util/status_util.cc).
+# TF Serving's HTTP status for each error code (model_servers/http_server.cc,
+# ToHTTPStatusCode); a code not listed is 500.
 HTTP_STATUS = {
+    "CANCELLED": 499,
     "INVALID_ARGUMENT": 400,
     "FAILED_PRECONDITION": 400,
     "OUT_OF_RANGE": 400,
+    "DEADLINE_EXCEEDED": 504,
     "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "ABORTED": 409,
+    "PERMISSION_DENIED": 403,
+    "UNAUTHENTICATED": 401,
     "RESOURCE_EXHAUSTED": 429,
     "UNAVAILABLE": 503,
+    "UNIMPLEMENTED": 501,
     "INTERNAL": 500,
 }
+
+# The HTTP server's routing (model_servers/http_server.cc,
+# http_rest_api_util.cc): paths under /v1/ go to the REST handler, which
+# answers POST `:predict` (and `:classify`, `:regress`) and GET model status
+# and metadata; any other path is libevent's 404 page.
+REST_PATH = re.compile(r"/v1/.*", re.IGNORECASE)
+PREDICT_PATH = re.compile(
+    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
+    r":(classify|regress|predict)",
+    re.IGNORECASE,
+)
+STATUS_PATH = re.compile(
+    r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
+    r"(?:/(metadata))?",
+    re.IGNORECASE,
+)
+NOT_FOUND_PAGE = (
+    "<HTML><HEAD>\n<TITLE>404 Not Found</TITLE>\n</HEAD><BODY>\n"
+    "<H1>Not Found</H1>\n</BODY></HTML>\n"
+)
+INT64_MAX = 2**63 - 1
+
+
+def _op_error_code(error) -> str:
+    """The status code name of a `tf.errors.OpError` (`InvalidArgumentError`
+    -> "INVALID_ARGUMENT")."""
+    name = type(error).__name__.removesuffix("Error")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper() or "UNKNOWN"
 
 
 class StandInServer:
@@ -72,9 +110,11 @@ class StandInServer:
                 self._session, ["serve"], str(self.path)
             )
         self._lock = threading.Lock()
+        self._callables: dict = {}
         self.graph_runs = 0  # calls of the graph (merged batches count once)
 
     def close(self):
+        self._callables.clear()
         self._session.close()
 
     def __enter__(self):
@@ -84,16 +124,48 @@ class StandInServer:
         self.close()
 
     def _run(self, fetches, feed_dict):
+        """One run of the graph, as the server's `Session::Run`: no check of
+        the fed shapes against the placeholders' (TF1's Python `Session.run`
+        refuses a `[batch, n]` or scalar string where `[None]` is declared;
+        the server feeds it, and the graph's ops answer), and an op's error
+        is a `PredictError` with its status code."""
+        from tensorflow.core.protobuf import config_pb2
+
         with self._lock:
             self.graph_runs += 1
-        return self._session.run(fetches, feed_dict=feed_dict)
+            key = (tuple(feed_dict), tuple(fetches))
+            run = self._callables.get(key)
+            if run is None:
+                options = config_pb2.CallableOptions(
+                    feed=list(feed_dict), fetch=list(fetches)
+                )
+                run = self._session._make_callable_from_options(options)
+                self._callables[key] = run
+        try:
+            return run(*feed_dict.values())
+        except tf.errors.OpError as error:
+            raise PredictError(_op_error_code(error), error.message) from None
 
     def _check_model(self, request):
-        if request.model_spec.name and request.model_spec.name != self.model_name:
+        """ServerCore::GetServableHandle: the model by name, at the version
+        asked for (default the one served) or by a version label (this
+        stand-in serves none)."""
+        spec = request.model_spec
+        if spec.version_label:
             raise PredictError(
-                "NOT_FOUND",
-                f"Servable not found for request: Latest({request.model_spec.name})",
+                "INVALID_ARGUMENT",
+                f"Unrecognized servable version label: {spec.version_label}",
             )
+        asked = spec.HasField("version")
+        if (spec.name and spec.name != self.model_name) or (
+            asked and spec.version.value != self.version
+        ):
+            which = (
+                f"Specific({spec.name}, {spec.version.value})"
+                if asked
+                else f"Latest({spec.name})"
+            )
+            raise PredictError("NOT_FOUND", f"Servable not found for request: {which}")
 
     def predict(self, request):
         """The `PredictResponse` for `request`; raises `PredictError`."""
@@ -160,13 +232,78 @@ class StandInServer:
 
     def rest(self, body) -> tuple[int, str]:
         """`(HTTP status, JSON text)` for a REST `:predict` body."""
+        return self._rest_predict(body, self.model_name)
+
+    def _rest_predict(self, body, model_name: str, version=None, label=None):
+        from tensorflow_serving.apis import predict_pb2
+
+        spec = predict_pb2.PredictRequest().model_spec
+        spec.name = model_name
+        if version is not None:
+            spec.version.value = version
+        if label is not None:
+            spec.version_label = label
         try:
             request, form = rest_protocol.rest_to_request(
-                body, self.model_name, self.meta_graph
+                body,
+                model_name,
+                self.meta_graph,
+                find_servable=lambda: self._check_model(_with_spec(spec)),
             )
+            if version is not None:
+                request.model_spec.version.value = version
             return 200, rest_protocol.response_to_rest(self.predict(request), form)
         except PredictError as error:
             return HTTP_STATUS.get(error.code, 500), rest_protocol.error_to_rest(error)
+
+    def http(self, method: str, path: str, body=b"") -> tuple[int, str, str]:
+        """`(HTTP status, content type, body text)` the server's HTTP port
+        answers `method` on `path` (a URL's path; a query is ignored) with
+        `body`: what `http_server.cc` and `HttpRestApiHandler::ProcessRequest`
+        do. POST `/v1/models/<name>[/versions/<n>]:predict` is `rest`; other
+        paths under `/v1/` and other methods are refused with
+        `Malformed request: <method> <path>` (400); paths outside `/v1/`
+        get libevent's 404 page (HTML). The model status, metadata,
+        `:classify` and `:regress` resources of the server are not served
+        here: 501 with a JSON error that says so."""
+        path = path.split("?", 1)[0].split("#", 1)[0]
+        if not REST_PATH.fullmatch(path):
+            return 404, "text/html", NOT_FOUND_PAGE
+        try:
+            return self._http(method, path, body)
+        except PredictError as error:
+            status = HTTP_STATUS.get(error.code, 500)
+            return status, "application/json", rest_protocol.error_to_rest(error)
+
+    def _http(self, method, path, body):
+        match = None
+        if method == "POST":
+            match = PREDICT_PATH.fullmatch(path)
+        elif method == "GET":
+            match = STATUS_PATH.fullmatch(path)
+        if match is None:
+            raise PredictError(
+                "INVALID_ARGUMENT", f"Malformed request: {method} {path}"
+            )
+        name = unquote_to_bytes(match.group(1) or "").decode("utf-8", "surrogateescape")
+        version = match.group(2)
+        if version is not None:
+            if int(version) > INT64_MAX:
+                raise PredictError(
+                    "INVALID_ARGUMENT",
+                    f"Failed to convert version: {version} to numeric.",
+                )
+            version = int(version)
+        label = match.group(3)
+        if method == "GET" or match.group(4).lower() != "predict":
+            raise PredictError(
+                "UNIMPLEMENTED",
+                f"the stand-in answers POST :predict only, not {method} {path}",
+            )
+        if label is not None:
+            label = unquote_to_bytes(label).decode("utf-8", "surrogateescape")
+        status, text = self._rest_predict(body, name, version, label)
+        return status, "application/json", text
 
     def stub(self):
         """A `PredictionServiceStub` look-alike answering through `predict`."""
@@ -177,6 +314,14 @@ class StandInServer:
                 return server.predict(request)
 
         return Stub()
+
+
+def _with_spec(spec):
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.CopyFrom(spec)
+    return request
 
 
 def predict_request(model_name: str, signature_name: str, inputs: dict):

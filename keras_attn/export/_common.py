@@ -46,7 +46,14 @@ def next_version_dir(base_dir, model_name: str, version: int | None) -> Path:
 
 def clean_text(text, max_chars: int):
     """Strings safe to tokenize: invalid UTF-8 replaced by U+FFFD, at most
-    `max_chars` characters (longer inputs are truncated, never rejected)."""
+    `max_chars` characters (longer inputs are truncated, never rejected).
+
+    `text` must be a vector (`[batch]`), checked when the graph runs: TF
+    Serving feeds a request's tensor whatever its shape (a REST body of
+    `[["a", "b"]]` is `[1, 2]`, `{"inputs": "a"}` a scalar), which the
+    tokenizers would flatten into an answer of another batch size; such a
+    request is refused (INVALID_ARGUMENT, HTTP 400)."""
+    text = tf.ensure_shape(text, [None])
     text = tf.strings.unicode_transcode(
         text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
     )
