@@ -8,14 +8,23 @@ STAMP := $(VENV)/.installed
 # tracing and compiling. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS)
-# Op, layer, decoding and memory tests run a second time on the JAX backend.
-JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/models/test_compiled_forward.py tests/models/test_language_model_positions.py
+# Op, layer, decoding and memory tests run a second time on the JAX backend,
+# and a third on PyTorch (`make test-torch`, run by .ci/run: the default
+# `make test` would pass its 20-minute budget with a third backend).
+JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/property tests/models/test_compiled_forward.py tests/models/test_language_model_positions.py tests/models/test_torch_backend.py
+TORCH_TESTS := $(JAX_TESTS)
+# PyTorch's CPU build for Python 3.11 where the index offers one (pip takes
+# a local wheel of this version first); elsewhere PyPI's build, which runs on
+# the CPU too.
+TORCH_VERSION ?= 2.13.0
+TORCH_STAMP := $(VENV)/.installed-torch
 
-.PHONY: help install lint test test-tf test-jax test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving check-package format clean
+.PHONY: help install lint test test-tf test-jax test-torch test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving check-package format clean
 
 help:
 	@echo "make demo        train, export and serve a small model (see README)"
 	@echo "make test        lint + default tests (TensorFlow, then JAX backend)"
+	@echo "make test-torch  the op/layer/decoding/memory tests on PyTorch (installs torch)"
 	@echo "make test-large  the slow tests (real corpora, long runs)"
 	@echo "make bench       benchmarks/ (figures in BENCHMARKS.md)"
 	@echo "make gpu-check-bundle  prepare .gpu_bundle/ for benchmarks/gpu_check.py on a GPU machine"
@@ -69,8 +78,18 @@ test-tf: $(STAMP)
 test-jax: $(STAMP)
 	KERAS_BACKEND=jax $(VENV)/bin/pytest $(PYTEST_FLAGS) $(wildcard $(JAX_TESTS))
 
+$(TORCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet 'torch==$(TORCH_VERSION)'
+	@touch $(TORCH_STAMP)
+
+test-torch: $(TORCH_STAMP)
+	KERAS_BACKEND=torch $(VENV)/bin/pytest $(PYTEST_FLAGS) $(wildcard $(TORCH_TESTS))
+
+# The `large` tests, then the property tests with ten times their examples.
 test-large: $(STAMP)
 	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest -q -m large  # one process: some start worker processes of their own
+	KERAS_BACKEND=tensorflow KERAS_ATTN_HYPOTHESIS_PROFILE=large $(VENV)/bin/pytest $(PYTEST_FLAGS) tests/property
+	KERAS_BACKEND=jax KERAS_ATTN_HYPOTHESIS_PROFILE=large $(VENV)/bin/pytest $(PYTEST_FLAGS) tests/property
 
 # serving_bench.py builds small exports itself; with trained runs
 # (--translator-run, --sentiment-run, --language-model-run) it serves those.

@@ -8,7 +8,8 @@ the loop index and the element position, hashed with integer `keras.ops`:
 
 - the same seed gives the same tokens, call after call, eager or compiled;
 - the seed can be an input of a `tf.function` / SavedModel signature;
-- TensorFlow and JAX draw the same bits (the hash is exact integer math).
+- TensorFlow, JAX and PyTorch draw the same bits (the hash is exact integer
+  math, `keras_attn.ops._hash`).
 
 Sampling uses the Gumbel-max trick: `argmax(log_probs + Gumbel noise)` is an
 exact draw from `softmax(log_probs)`.
@@ -19,27 +20,13 @@ from __future__ import annotations
 import numbers
 import random
 
-import numpy as np
 from keras import ops
 
-_GOLDEN = 0x9E3779B9
-
-
-def _u32(value):
-    return ops.cast(value, "uint32")
-
-
-def _mix(x):
-    """The "lowbias32" integer hash (C. Wellons): uint32 -> uint32."""
-    x = ops.bitwise_xor(x, ops.right_shift(x, _u32(16)))
-    x = ops.multiply(x, _u32(0x7FEB352D))
-    x = ops.bitwise_xor(x, ops.right_shift(x, _u32(15)))
-    x = ops.multiply(x, _u32(0x846CA68B))
-    return ops.bitwise_xor(x, ops.right_shift(x, _u32(16)))
+from keras_attn.ops._hash import GOLDEN, add, mix, u32
 
 
 def seed_tensor(seed):
-    """A scalar uint32 seed tensor from an int, a scalar int tensor or `None`.
+    """A scalar 32-bit seed tensor from an int, a scalar int tensor or `None`.
 
     `None` draws a Python-side random seed *when called*: under `tf.function`
     or `jax.jit` that freezes it into the trace, so pass a seed tensor there.
@@ -47,32 +34,32 @@ def seed_tensor(seed):
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-        return ops.convert_to_tensor(np.uint32(int(seed) & 0xFFFFFFFF))
+        return u32(int(seed))
     seed = ops.convert_to_tensor(seed)
     if len(seed.shape) != 0 or "int" not in str(seed.dtype):
         raise ValueError(
             "`seed` must be an int, a scalar integer tensor or None. "
             f"Received: seed={seed!r}"
         )
-    return _u32(seed)
+    return u32(seed)
 
 
 def step_seed(seed, step):
-    """Fold a loop index into a uint32 seed: a fresh stream for every step."""
-    return _mix(ops.add(_mix(ops.bitwise_xor(_u32(seed), _u32(_GOLDEN))), _u32(step)))
+    """Fold a loop index into a 32-bit seed: a fresh stream for every step."""
+    return mix(add(mix(ops.bitwise_xor(u32(seed), u32(GOLDEN))), u32(step)))
 
 
 def uniform(seed, shape):
     """Uniform floats in the open interval (0, 1), shape `(rows, cols)`.
 
-    `seed` is a scalar uint32 tensor (see `step_seed`); the value at `(i, j)`
+    `seed` is a scalar 32-bit seed tensor (see `step_seed`); the value at `(i, j)`
     depends only on the seed and on `i * cols + j`.
     """
     rows, cols = shape
     row_ids = ops.arange(rows, dtype="int32")[:, None] * cols  # (rows, 1)
-    counters = _u32(row_ids + ops.arange(cols, dtype="int32")[None, :])  # (r, c)
-    bits = _mix(ops.add(_mix(ops.bitwise_xor(counters, seed)), seed))
-    mantissa = ops.cast(ops.right_shift(bits, _u32(8)), "float32")  # [0, 2^24)
+    counters = u32(row_ids + ops.arange(cols, dtype="int32")[None, :])  # (r, c)
+    bits = mix(add(mix(ops.bitwise_xor(counters, seed)), seed))
+    mantissa = ops.cast(ops.right_shift(bits, u32(8)), "float32")  # [0, 2^24)
     return mantissa * (2.0**-24) + 2.0**-25
 
 

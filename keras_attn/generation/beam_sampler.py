@@ -190,7 +190,7 @@ class BeamSampler(base.Sampler):
                 alive[..., None] + log_probs, (-1, width * vocab_size)
             )  # (B, W*V)
             k = min(2 * width, width * vocab_size)
-            cand_log_probs, cand_ids = ops.top_k(candidates, k=k, sorted=True)
+            cand_log_probs, cand_ids = base.top_k(candidates, k)
             cand_beams = ops.cast(cand_ids // vocab_size, "int32")  # (B, 2W)
             cand_tokens = ops.cast(cand_ids % vocab_size, "int32")  # (B, 2W)
             cand_sequences = ops.take_along_axis(
@@ -211,8 +211,8 @@ class BeamSampler(base.Sampler):
             finishing = ops.logical_and(ops.logical_and(ended, valid), top_ranks)
 
             # The live beams: the best candidates that did not end.
-            alive, pick = ops.top_k(
-                ops.where(ended, 2 * _NEG, cand_log_probs), k=width, sorted=True
+            alive, pick = base.top_k(
+                ops.where(ended, 2 * _NEG, cand_log_probs), width
             )  # (B, W)
             parents = ops.take_along_axis(cand_beams, pick, axis=1)  # (B, W)
             sequences = ops.take_along_axis(cand_sequences, pick[..., None], axis=1)
@@ -272,6 +272,6 @@ def _merge(sequences, scores, new_sequences, new_scores, width: int):
     """The `width` best of two sets of scored hypotheses, best first."""
     all_scores = ops.concatenate([scores, new_scores], axis=1)  # (B, n)
     all_sequences = ops.concatenate([sequences, new_sequences], axis=1)  # (B, n, L)
-    scores, pick = ops.top_k(all_scores, k=width, sorted=True)  # (B, W)
+    scores, pick = base.top_k(all_scores, width)  # (B, W)
     sequences = ops.take_along_axis(all_sequences, pick[..., None], axis=1)
     return sequences, scores

@@ -40,9 +40,28 @@ from __future__ import annotations
 
 import numbers
 
+import keras
 from keras import ops, tree
 
 from keras_attn.generation import _noise
+
+
+def top_k(x, k: int):
+    """`ops.top_k(x, k, sorted=True)` with ties in index order, on every backend.
+
+    TensorFlow's and XLA's `top_k` list equal values lowest index first, as
+    `argmax` picks; `torch.topk` leaves their order unspecified, so a beam of
+    width 1 could leave greedy search at a tie of low-precision logits.
+    PyTorch takes a stable descending sort instead.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        values, indices = torch.sort(
+            ops.convert_to_tensor(x), dim=-1, descending=True, stable=True
+        )
+        return values[..., :k], indices[..., :k]
+    return ops.top_k(x, k=k, sorted=True)
 
 
 def check_token_id(name: str, value, allow_none: bool = False):
@@ -301,7 +320,7 @@ class Sampler:
 
         Args:
             log_probs: float32 `(B, vocab)`, temperature applied.
-            seed: scalar uint32 tensor, fresh at every step (for
+            seed: scalar 32-bit seed tensor, fresh at every step (for
                 `keras_attn.generation` random draws).
 
         Returns:

@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn.generation import _noise
-from keras_attn.generation.sampler import Sampler
+from keras_attn.generation.sampler import Sampler, top_k
 
 # Log-probability given to the tokens cut off (finite: no inf - inf).
 _CUT = -1e9
@@ -54,9 +54,7 @@ class TopPSampler(Sampler):
         if vocab_size is None:
             vocab_size = ops.shape(log_probs)[-1]
         cutoff = vocab_size if self.k is None else min(self.k, vocab_size)
-        sorted_log_probs, sorted_indices = ops.top_k(
-            log_probs, k=cutoff, sorted=True
-        )  # (B, n)
+        sorted_log_probs, sorted_indices = top_k(log_probs, cutoff)  # (B, n)
         probs = ops.exp(sorted_log_probs)
         # Mass strictly before each token: keep while it is below p.
         mass_before = ops.cumsum(probs, axis=-1) - probs

@@ -24,10 +24,11 @@ import keras
 
 from keras_attn.layers._transformer_block import blocks_of_config
 from keras_attn.models import _task
+from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models.layouts import layout_map
 
 
-class BackboneTask:
+class BackboneTask(SetattrBeforeInit):
     """Mixin of the tasks built on backbones (put first in the bases).
 
     Subclasses set `backbone` (and any other backbone, listed by

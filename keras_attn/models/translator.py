@@ -20,11 +20,12 @@ from keras import ops
 from keras_attn import generation
 from keras_attn._extras import missing_extra_error
 from keras_attn.models import _task
+from keras_attn.models._setattr import SetattrBeforeInit
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
-class Translator(keras.Model):
+class Translator(SetattrBeforeInit, keras.Model):
     """Base class of `RNNTranslator` and `TransformerTranslator`.
 
     Subclasses build their functional graph (inputs `{"encoder_inputs":

@@ -7,6 +7,7 @@ and the logical AND of any number of (broadcastable) masks.
 
 from __future__ import annotations
 
+import keras
 from keras import ops
 
 
@@ -44,7 +45,7 @@ def padding_mask(mask):
     if mask is None:
         return None
     mask = ops.convert_to_tensor(mask)
-    if mask.dtype != "bool":
+    if keras.backend.standardize_dtype(mask.dtype) != "bool":
         mask = ops.not_equal(mask, 0)
     return mask
 

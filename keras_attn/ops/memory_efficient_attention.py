@@ -26,6 +26,7 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.ops import _hash
 from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
 
 # Defaults chosen from indicative timings on a 2-core CPU with TensorFlow
@@ -37,8 +38,6 @@ MAX_QUERY_BLOCK_SIZE = 256
 MIN_QUERY_BLOCK_SIZE = 16
 BLOCK_BYTES = 16 * 2**20
 CAUSAL_KEY_BLOCK_SIZE = 512
-
-_GOLDEN = 0x9E3779B9  # 2**32 / golden ratio, a Weyl-sequence increment
 
 
 def memory_efficient_attention(
@@ -457,7 +456,7 @@ def _boolean_mask(name, mask, expected_shape):
             f"`{name}` must have shape {tuple(expected_shape)} (batch, length). "
             f"Received: {name}.shape={shape}"
         )
-    return mask if mask.dtype == "bool" else ops.not_equal(mask, 0)
+    return mask if _is_bool(mask) else ops.not_equal(mask, 0)
 
 
 def _explicit_mask(mask, query, key):
@@ -482,10 +481,14 @@ def _explicit_mask(mask, query, key):
             f"(batch|1, heads|1, Tq, Tk) with Tq={query.shape[1]} and "
             f"Tk={key.shape[1]}. Received: attention_mask.shape={shape}"
         )
-    return mask if mask.dtype == "bool" else ops.not_equal(mask, 0)
+    return mask if _is_bool(mask) else ops.not_equal(mask, 0)
 
 
 # -- block layout ---------------------------------------------------------------
+
+
+def _is_bool(mask) -> bool:
+    return keras.backend.standardize_dtype(mask.dtype) == "bool"
 
 
 def _dim(x, axis):
@@ -766,23 +769,6 @@ def _range(start, end, num_blocks):
 # -- dropout --------------------------------------------------------------------
 
 
-def _mix(x):
-    """A bijective 32-bit integer hash (Wellons' "lowbias32")."""
-
-    def shift_xor(x, bits):
-        return ops.bitwise_xor(x, ops.right_shift(x, _uint32(bits)))
-
-    x = shift_xor(x, 16)
-    x = ops.multiply(x, _uint32(0x7FEB352D))
-    x = shift_xor(x, 15)
-    x = ops.multiply(x, _uint32(0x846CA68B))
-    return shift_xor(x, 16)
-
-
-def _uint32(value):
-    return ops.convert_to_tensor(value, "uint32")
-
-
 class _Dropout:
     """Keep masks that any pass can regenerate for any block pair.
 
@@ -796,26 +782,36 @@ class _Dropout:
         seed = keras.random.randint(
             (), 0, 2**31 - 1, dtype="int32", seed=seed_generator
         )
-        self.seed = _mix(ops.cast(seed, "uint32"))
-        self.threshold = _uint32(min(round(rate * 2**32), 2**32 - 1))
+        self.seed = _hash.mix(_hash.u32(seed))
+        self.threshold = _hash.u32(min(round(rate * 2**32), 2**32 - 1))
 
     def scale(self, i, j, batch, heads):
         """Dropout factors of block pair `(i, j)`: `(B, N, bq, bk)` float32 of
         0 or `1 / (1 - rate)`."""
         plan = self.plan
-        rows = ops.cast(
-            ops.reshape(ops.arange(batch * heads, dtype="int32"), (batch, heads, 1, 1)),
-            "uint32",
-        ) * ops.cast(plan.padded_query_length, "uint32") + ops.cast(
-            i * plan.query_block
-            + ops.reshape(ops.arange(plan.query_block, dtype="int32"), (1, 1, -1, 1)),
-            "uint32",
+        rows = _hash.add(
+            _hash.multiply(
+                _hash.u32(
+                    ops.reshape(
+                        ops.arange(batch * heads, dtype="int32"), (batch, heads, 1, 1)
+                    )
+                ),
+                _hash.u32(plan.padded_query_length),
+            ),
+            _hash.u32(
+                i * plan.query_block
+                + ops.reshape(
+                    ops.arange(plan.query_block, dtype="int32"), (1, 1, -1, 1)
+                )
+            ),
         )  # (B, N, bq, 1): the row's index among all rows
-        row_hash = _mix(ops.bitwise_xor(rows, self.seed))
-        keys = ops.cast(
-            j * plan.key_block + ops.arange(plan.key_block, dtype="int32"), "uint32"
+        row_hash = _hash.mix(ops.bitwise_xor(rows, self.seed))
+        keys = _hash.u32(
+            j * plan.key_block + ops.arange(plan.key_block, dtype="int32")
         )  # (bk,)
-        bits = _mix(ops.add(row_hash, ops.multiply(keys, _uint32(_GOLDEN))))
+        bits = _hash.mix(
+            _hash.add(row_hash, _hash.multiply(keys, _hash.u32(_hash.GOLDEN)))
+        )
         keep = ops.greater_equal(bits, self.threshold)  # (B, N, bq, bk)
         return ops.multiply(ops.cast(keep, "float32"), 1.0 / (1.0 - self.rate))
 

@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import math
 
+import keras
 from keras import ops
 
 
 def _dot_dtype(*tensors):
     """float32 when any input is float16 (overflow-prone), else `None`."""
     for tensor in tensors:
-        if tensor is not None and ops.convert_to_tensor(tensor).dtype == "float16":
+        if tensor is None:
+            continue
+        dtype = ops.convert_to_tensor(tensor).dtype
+        if keras.backend.standardize_dtype(dtype) == "float16":
             return "float32"
     return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keras
 from keras import ops
 
 # A finite "minus infinity": representable in float32, and far enough below any
@@ -37,7 +38,7 @@ def masked_softmax(scores, mask=None, axis: int = -1):
     if mask is None:
         return ops.softmax(scores, axis=axis)
     mask = ops.convert_to_tensor(mask)
-    if mask.dtype != "bool":
+    if keras.backend.standardize_dtype(mask.dtype) != "bool":
         mask = ops.not_equal(mask, 0)
     scores = ops.where(mask, scores, MASK_VALUE)
     weights = ops.softmax(scores, axis=axis)

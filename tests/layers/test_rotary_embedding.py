@@ -126,11 +126,14 @@ def bfloat16_rounded(x):
 
 
 def compiled(fn):
-    """`fn` compiled by XLA (`tf.function(jit_compile=True)` / `jax.jit`)."""
+    """`fn` compiled by XLA (`tf.function(jit_compile=True)` / `jax.jit`); on
+    PyTorch, which has no XLA, `fn` itself (a tensor start index, eagerly)."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         return tf.function(fn, jit_compile=True)
+    if keras.backend.backend() == "torch":
+        return fn
     import jax
 
     return jax.jit(fn)

@@ -115,7 +115,7 @@ def test_a_saved_model_file_loads_in_a_fresh_process(tmp_path):
         attention = model.backbone.blocks[0]._self_attention_layer
         assert attention.alibi_bias is not None, attention.get_config()
         assert attention.key_value_heads == 2 and attention.sliding_window == 6
-        print(model.generate_ids(ids[:, :3], max_length=8).shape)
+        print(tuple(model.generate_ids(ids[:, :3], max_length=8).shape))
         """
     )
     result = subprocess.run(

@@ -272,7 +272,7 @@ def test_dropout_keeps_or_rescales_each_weight_and_the_gradient_follows(layout):
 
     def reference(q, k, v):
         logits = ops.einsum("bqnh,bknh->bnqk", q, k) / np.sqrt(H)
-        attended = masked_softmax(logits, full) * keep
+        attended = masked_softmax(logits, full) * ops.convert_to_tensor(keep)
         return ops.einsum("bnqk,bknh->bqnh", attended, v)
 
     assert_same_outputs_and_gradients(dropped, reference)
