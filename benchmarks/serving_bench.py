@@ -9,7 +9,8 @@ batching queue). Then:
 
 1. Sequential latency: `serving_default` on batches of 1 and 16 texts, one
    call at a time after 3 warm-up calls: p50 and p99 latency, texts per
-   second.
+   second. The translator's two exports (beam 4 and greedy) take turns,
+   call by call, so that both see the same load.
 2. Under load: for each number of client threads (1, 4, 16, 64) and batch
    size (1, 8, 32), every thread sends requests back to back for `--seconds`:
    throughput (texts per second), p50 and p99 latency per request, errors
@@ -162,17 +163,26 @@ def same(got: dict, want: dict) -> bool:
     return True
 
 
-def sequential(server, task, texts, batch_size, calls):
+def sequential(servers, task, texts, batch_size, calls):
+    """`{name: (p50 ms, p99 ms, texts/s)}` of one call at a time to each of
+    `servers` (`{name: server}`), the servers taking turns call by call (the
+    same batch to each in turn) so that a drift of a shared machine's load
+    hits them alike."""
     pool = batches(texts, batch_size, calls)
     for batch in pool[:3]:
-        ask(server, task, batch)
-    times = []
+        for server in servers.values():
+            ask(server, task, batch)
+    times = {name: [] for name in servers}
     for batch in pool:
-        start = time.perf_counter()
-        ask(server, task, batch)
-        times.append(time.perf_counter() - start)
-    p50, p99 = np.percentile(times, [50, 99])
-    return p50 * 1000, p99 * 1000, batch_size / np.median(times)
+        for name, server in servers.items():
+            start = time.perf_counter()
+            ask(server, task, batch)
+            times[name].append(time.perf_counter() - start)
+    found = {}
+    for name, seconds in times.items():
+        p50, p99 = np.percentile(seconds, [50, 99])
+        found[name] = (p50 * 1000, p99 * 1000, batch_size / np.median(seconds))
+    return found
 
 
 def under_load(server, task, texts, threads, batch_size, seconds, expected):
@@ -285,10 +295,14 @@ def main():
                     ("translator, beam 4", server),
                     ("translator, greedy", StandInServer(greedy)),
                 ]
-            for name, variant in variants:
+            # The variants (beam 4 and greedy) timed in turns, call by call.
+            timings = {
+                size: sequential(dict(variants), task, texts[task], size, args.calls)
+                for size in (1, 16)
+            }
+            for name, _ in variants:
                 for size in (1, 16):
-                    timing = sequential(variant, task, texts[task], size, args.calls)
-                    sequential_rows.append((name, size, *timing))
+                    sequential_rows.append((name, size, *timings[size][name]))
             # The answers to each request sent alone, before any load.
             expected = {
                 size: [

@@ -275,21 +275,42 @@ def recorded_seconds(out):
     return json.loads((out / "budget.json").read_text())["seconds"]
 
 
+class BatchClock(keras.callbacks.Callback):
+    """A clock that stands still except for one second per training batch
+    (moved before the budget sees the batch), so a fit's time is exact: two
+    batches per epoch of `fit_tiny_model` are two seconds."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.now += 1.0
+
+
 @pytest.mark.tf_only
 def test_a_finished_fit_is_not_repeated(tmp_path):
-    first = fit_tiny_model(tmp_path, epochs=2)
+    clock = BatchClock()
+    first = fit_tiny_model(tmp_path, epochs=2, callbacks=[clock], clock=clock)
     assert not (tmp_path / "backup").exists()  # the fit finished
     assert first.steps == 4 and not first.skipped
-    assert recorded_seconds(tmp_path) > 0
+    # Two epochs of two batches: four seconds, recorded and returned.
+    assert recorded_seconds(tmp_path) == 4.0 and first.seconds == 4.0
     # The same directory again: the finished fit is found, nothing trains.
-    again = fit_tiny_model(tmp_path, epochs=2)
+    again = fit_tiny_model(tmp_path, epochs=2, callbacks=[clock], clock=clock)
     assert again.skipped and again.steps == 4 and again.seconds == 0.0
     assert again.final_train_loss == first.final_train_loss
-    # Without its record the directory trains anew, with the whole budget.
+    assert recorded_seconds(tmp_path) == 4.0
+    # Without its record the directory trains anew, with the whole budget:
+    # the four seconds of the first fit are not counted again.
     (tmp_path / "done.json").unlink()
-    fresh = fit_tiny_model(tmp_path, epochs=2)
+    fresh = fit_tiny_model(tmp_path, epochs=2, callbacks=[clock], clock=clock)
     assert fresh.budget.spent_before == 0.0 and fresh.steps == 4
-    assert recorded_seconds(tmp_path) == pytest.approx(fresh.budget.seconds, abs=1.0)
+    assert recorded_seconds(tmp_path) == 4.0
+    assert fresh.budget.seconds == 4.0 and fresh.seconds == 4.0
 
 
 @pytest.mark.tf_only
@@ -299,15 +320,18 @@ def test_a_resumed_run_counts_the_time_the_interrupted_run_spent(tmp_path):
             if epoch == 1:
                 raise KeyboardInterrupt  # after epoch 0's backup and budget
 
+    clock = BatchClock()
     with pytest.raises(KeyboardInterrupt):
-        fit_tiny_model(tmp_path, epochs=2, callbacks=[Interrupt()])
+        fit_tiny_model(tmp_path, epochs=2, callbacks=[clock, Interrupt()], clock=clock)
     assert (tmp_path / "backup").exists()
-    spent = recorded_seconds(tmp_path)
-    assert spent > 0
-    result = fit_tiny_model(tmp_path, epochs=2)
-    assert result.budget.spent_before == spent
+    assert recorded_seconds(tmp_path) == 2.0  # epoch 0's two batches
+    result = fit_tiny_model(tmp_path, epochs=2, callbacks=[clock], clock=clock)
+    assert result.budget.spent_before == 2.0
     assert result.steps == 4  # epoch 0 restored from the backup, epoch 1 trained
     assert not (tmp_path / "backup").exists()
+    # This call trained one epoch (2 s); the record holds both calls' time.
+    assert result.seconds == 2.0
+    assert recorded_seconds(tmp_path) == 4.0 and result.budget.seconds == 4.0
 
 
 @pytest.mark.tf_only
