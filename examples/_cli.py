@@ -399,6 +399,12 @@ def start_run(args) -> Run:
     Returns a `Run`: `(out, policy, strategy)`.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # TensorFlow's logger prints through its own handler when it has one
+    # ("WARNING:tensorflow:..."): not through the root's as well, which
+    # would print each of its messages a second time.
+    tf_logger = logging.getLogger("tensorflow")
+    if tf_logger.handlers:
+        tf_logger.propagate = False
     keras.utils.set_random_seed(args.seed)
     policy = training.resolve_mixed_precision(args.mixed_precision)
     keras.config.set_dtype_policy(policy)

@@ -25,6 +25,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+# TensorFlow's informational and warning logs, as the scripts it runs quiet
+# theirs (before keras_attn imports TensorFlow; the scripts inherit it).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 from keras_attn.export.check import TENSORFLOW_ONLY_PRELUDE
 
 EXAMPLES = Path(__file__).resolve().parent

@@ -504,17 +504,21 @@ def dot_product_attention(
 
     def memory_efficient():
         # `K` key/value heads as they are: the blocks group the query heads.
+        # The blocks read a mask with whole sequence axes (`_whole_sequence_axes`).
+        blocked_mask, blocked_components = _whole_sequence_axes(
+            mask, query, key, components
+        )
         return memory_efficient_attention(
             query,
             key,
             value,
-            attention_mask=mask,
+            attention_mask=blocked_mask,
             scale=scale,
             dropout_rate=dropout_rate,
             training=training,
             seed_generator=seed_generator,
             alibi_slopes=alibi_slopes,
-            **components,
+            **blocked_components,
         )
 
     def explicit():
@@ -538,7 +542,23 @@ def dot_product_attention(
             ops.greater_equal(shape_k[1], switch_over_length(query.dtype)),
             ops.greater(shape_q[1], 1),
         )
-        return ops.cond(long, memory_efficient, lambda: explicit()[0])
+        # Two one-sided conditionals, not one with a branch per path: the
+        # gradient of a TensorFlow conditional makes it output each branch's
+        # intermediates as optionals paired by position, whatever their
+        # dtypes, and TensorFlow's type inference then logs "Type inference
+        # failed. This indicates an invalid graph that escaped type checking"
+        # at the first training step (tensorflow/tensorflow#57052). Beside a
+        # branch of zeros, which keeps none, no such pair forms; the sum adds
+        # exact zeros to the outputs of the path taken.
+        output_shape = (*ops.shape(query)[:-1], ops.shape(value)[-1])
+
+        def zeros():
+            return ops.zeros(output_shape, value.dtype)  # (B, Tq, N, Hv)
+
+        return ops.add(
+            ops.cond(long, memory_efficient, zeros),
+            ops.cond(long, zeros, lambda: explicit()[0]),
+        )
     if path == FUSED:
         combined = None if causal_kernel else _combined(query, key, mask, components)
         if combined is not None:
@@ -569,6 +589,36 @@ def dot_product_attention(
     if return_weights:
         return outputs, weights
     return outputs
+
+
+def _whole_sequence_axes(mask, query, key, components):
+    """`(mask, components)` for the memory-efficient path, whose blocks read an
+    explicit mask `(B|1, N|1, Tq, Tk)` with both sequence axes whole: a
+    `(B|1, 1, 1, Tk)` mask goes in as key padding, a `(B|1, 1, Tq, 1)` one as
+    query padding (no `(Tq, Tk)` tensor), any other mask broadcast along a
+    sequence axis of size 1 is broadcast to `(Tq, Tk)`."""
+    if mask is None or (mask.shape[2] != 1 and mask.shape[3] != 1):
+        return mask, components
+    batch = ops.shape(query)[0]
+    query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
+    components = dict(components)
+    if mask.shape[1] == 1 and mask.shape[2] == 1:
+        keys = ops.broadcast_to(mask[:, 0, 0, :], (batch, key_length))  # (B, Tk)
+        components["key_padding_mask"] = combine_masks(
+            components["key_padding_mask"], keys
+        )
+        return None, components
+    if mask.shape[1] == 1 and mask.shape[3] == 1:
+        queries = ops.broadcast_to(mask[:, 0, :, 0], (batch, query_length))  # (B, Tq)
+        components["query_padding_mask"] = combine_masks(
+            components["query_padding_mask"], queries
+        )
+        return None, components
+    shape = ops.shape(mask)
+    return (
+        ops.broadcast_to(mask, (shape[0], shape[1], query_length, key_length)),
+        components,
+    )
 
 
 def _combined(query, key, mask, components):
@@ -616,7 +666,7 @@ def _explicit_attention(
 
     `alibi`: `None` or `(slopes, causal_offset)`, float32 slopes `(N,)` of
     the query heads; their bias is added to the logits in float32."""
-    logits_dtype = "float32" if query.dtype == "float16" else query.dtype
+    logits_dtype = "float32" if _dtype(query) == "float16" else query.dtype
     # Batched matmuls over (B, N, T, H): the heads move next to the batch
     # once, and the backward pass transposes no (Tq, Tk) tensor.
     query = ops.transpose(ops.cast(query, logits_dtype), (0, 2, 1, 3))  # (B, N, Tq, H)
