@@ -8,13 +8,37 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn.layers.multi_head_attention import (
+    MultiHeadAttention,
     _check_size,
     check_cache,
+    check_call_inputs,
     mask_components,
     updated_cache,
 )
 from keras_attn.ops.attention import check_flash_attention, dot_product_attention
 from keras_attn.ops.masks import combine_masks
+
+
+def _check_attention_mask(attention_mask, batch, heads, query_length, key_length):
+    """Keras's rule for a rank-3 call: `attention_mask` broadcasts to the
+    scores `(B, N, Tq, Tk)` with its missing axes before the query axis."""
+    if attention_mask is None:
+        return
+    shape = tuple(attention_mask.shape)
+    target = (batch, heads, query_length, key_length)
+    if 2 <= len(shape) <= 4:
+        expanded = shape[:-2] + (1,) * (4 - len(shape)) + shape[-2:]
+        if all(
+            got is None or want is None or got in (1, want)
+            for got, want in zip(expanded, target, strict=True)
+        ):
+            return
+    raise ValueError(
+        f"`attention_mask` must broadcast to the attention scores {target} "
+        "(None: any size) as in Keras: (Tq, Tk), (batch, Tq, Tk) or (batch, "
+        "heads, Tq, Tk), any axis of size 1 broadcasting. Received: "
+        f"attention_mask.shape={shape}"
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -235,7 +259,25 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             )
         self._return_attention_scores = return_attention_scores
         query_mask = combine_masks(query_mask, getattr(query, "_keras_mask", None))
+        if value is not None:
+            check_call_inputs(
+                query,
+                value,
+                key,
+                (self._query_dense, self._value_dense, self._key_dense),
+            )
         stacked = cache is not None and self._check_cache(cache)
+        if cache is not None:
+            key_length = MultiHeadAttention._cache_length(cache)
+        else:
+            key_length = (value if key is None else key).shape[1]
+        batch, query_length = query.shape[0], query.shape[1]
+        v.check_mask_shape("query_mask", query_mask, (batch, query_length))
+        v.check_mask_shape("value_mask", value_mask, (batch, key_length))
+        v.check_mask_shape("key_mask", key_mask, (batch, key_length))
+        _check_attention_mask(
+            attention_mask, batch, self.num_query_heads, query_length, key_length
+        )
         gate = self._gate_dense(query) if self.use_gate else None
         query_heads = self._query_dense(query)  # (B, Tq, N, H)
         if cache is None or cache_update_index is not None:

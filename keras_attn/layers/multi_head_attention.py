@@ -106,6 +106,41 @@ def _check_size(name, value, allow_none=False):
         )
 
 
+def check_call_inputs(query, value, key, projections):
+    """The inputs of an eager call against each other and the projections
+    `(query, value, key)` they were built for (`build` checks them on the
+    first call only; a later call would fail inside a matmul): key and value
+    alike but for their last axis, one batch size, and each input's last axis
+    the projection's (skipped for quantized or LoRA projections)."""
+    key = value if key is None else key
+    MultiHeadAttention._check_shapes(
+        tuple(query.shape), tuple(value.shape), tuple(key.shape)
+    )
+    batches = {x.shape[0] for x in (query, value, key)} - {None}
+    if len(batches) > 1:
+        raise ValueError(
+            "`query`, `value` and `key` must have the same batch size. "
+            f"Received: query.shape={tuple(query.shape)}, "
+            f"value.shape={tuple(value.shape)}, key.shape={tuple(key.shape)}"
+        )
+    for name, tensor, dense in zip(
+        ("query", "value", "key"), (query, value, key), projections, strict=True
+    ):
+        if (
+            dense is None
+            or not dense.built
+            or dense.quantization_mode is not None
+            or dense.lora_enabled
+        ):
+            continue
+        width = dense.kernel.shape[0]
+        if tensor.shape[-1] is not None and tensor.shape[-1] != width:
+            raise ValueError(
+                f"The last dimension of `{name}` must be {width}, the size the "
+                f"layer was built with. Received: {name}.shape={tuple(tensor.shape)}"
+            )
+
+
 def _product(dims):
     result = 1
     for dim in dims:
@@ -1116,6 +1151,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 "`query` must have rank 3 or more (batch, positions..., "
                 f"features). Received: query.shape={tuple(query.shape)}"
+            )
+        if value is not None:
+            check_call_inputs(
+                query, value, key, (self.query_dense, self.value_dense, self.key_dense)
             )
         stacked = cache is not None and self._check_cache(cache)
         if cache is not None:
