@@ -75,7 +75,7 @@ def test_the_classifier_builds_fits_classifies_and_reloads(tmp_path):
         _numpy(_saved_and_loaded(classifier, tmp_path)(ids)), probabilities, atol=1e-6
     )
     other = TextClassifier(
-        vocabulary_size=40, sequence_length=12, num_layers=1, **SIZES
+        vocabulary_size=40, sequence_length=12, num_layers=1, name="other", **SIZES
     )
     ensemble = TextClassifierEnsemble([classifier, other])
     np.testing.assert_allclose(
