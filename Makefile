@@ -8,23 +8,26 @@ STAMP := $(VENV)/.installed
 # tracing and compiling. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS)
-# Op, layer, decoding and memory tests run a second time on the JAX backend,
-# and a third on PyTorch (`make test-torch`, run by .ci/run: the default
-# `make test` would pass its 20-minute budget with a third backend).
-JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/property tests/models/test_compiled_forward.py tests/models/test_language_model_positions.py tests/models/test_torch_backend.py
-TORCH_TESTS := $(JAX_TESTS)
+# Op, layer, decoding and memory tests run a second time on the JAX backend.
+# The other backends' runs are in `make test-backends` (run by .ci/run after
+# `make test`, which would pass its 20-minute budget with them): the property
+# tests on JAX (compiling each drawn shape makes them about 5 worker-minutes
+# there), and the JAX set, the property tests and the model classes on
+# PyTorch.
+JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/models/test_compiled_forward.py tests/models/test_language_model_positions.py
+TORCH_TESTS := $(JAX_TESTS) tests/property tests/models/test_torch_backend.py
 # PyTorch's CPU build for Python 3.11 where the index offers one (pip takes
 # a local wheel of this version first); elsewhere PyPI's build, which runs on
 # the CPU too.
 TORCH_VERSION ?= 2.13.0
 TORCH_STAMP := $(VENV)/.installed-torch
 
-.PHONY: help install lint test test-tf test-jax test-torch test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving check-package format clean
+.PHONY: help install lint test test-tf test-jax test-torch test-backends test-large bench bench-serving bench-decoding gpu-check-bundle demo check-serving check-package format clean
 
 help:
 	@echo "make demo        train, export and serve a small model (see README)"
 	@echo "make test        lint + default tests (TensorFlow, then JAX backend)"
-	@echo "make test-torch  the op/layer/decoding/memory tests on PyTorch (installs torch)"
+	@echo "make test-backends  what make test runs on TensorFlow only, on JAX and PyTorch (installs torch)"
 	@echo "make test-large  the slow tests (real corpora, long runs)"
 	@echo "make bench       benchmarks/ (figures in BENCHMARKS.md)"
 	@echo "make gpu-check-bundle  prepare .gpu_bundle/ for benchmarks/gpu_check.py on a GPU machine"
@@ -84,6 +87,9 @@ $(TORCH_STAMP): $(STAMP)
 
 test-torch: $(TORCH_STAMP)
 	KERAS_BACKEND=torch $(VENV)/bin/pytest $(PYTEST_FLAGS) $(wildcard $(TORCH_TESTS))
+
+test-backends: $(STAMP) test-torch
+	KERAS_BACKEND=jax $(VENV)/bin/pytest $(PYTEST_FLAGS) tests/property tests/models/test_torch_backend.py
 
 # The `large` tests, then the property tests with ten times their examples.
 test-large: $(STAMP)

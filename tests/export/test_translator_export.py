@@ -160,7 +160,15 @@ def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported, sign
         )
 
 
-@pytest.mark.parametrize("key_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "key_dtype",
+    [
+        "float32",
+        # bfloat16 keys are searched as float32 ones (tests/memory/test_knn_mt.py
+        # tests them in process); 50 s more of the default run.
+        pytest.param("bfloat16", marks=pytest.mark.large),
+    ],
+)
 def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path, key_dtype):
     """The datastore travels as variables (the keys in `key_dtype`), and the
     served translations are those of the in-process kNN-MT beam search, not
