@@ -40,27 +40,20 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
-from hypothesis import Phase, given, note
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 import keras_attn
+from tests.property._peers import (
+    NO_SHRINK,
+    PEER_FACTOR,
+    POLICIES,
+    RELATIVE_TOLERANCE,
+    check_close,
+    padding_mask,
+    relative_error,
+)
 from tests.property_settings import property_settings
-
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
-
-# Allowed max |error| relative to the largest |output| of the float32
-# reference, per policy of keras-attn's block: the larger of this floor and
-# `PEER_FACTOR` times the error of keras-hub's own block under the same
-# policy on the same inputs (in half precision keras-hub's blocks are off by
-# as much: bfloat16 up to ~7e-2 of the output scale at T=299 with inputs
-# scaled by 3, float16 up to ~1.5e-2; keras-attn's float16 errors are
-# smaller, its float32 softmax).
-RELATIVE_TOLERANCE = {
-    "float32": 2e-5,
-    "mixed_float16": 4e-3,
-    "mixed_bfloat16": 3e-2,
-}
-PEER_FACTOR = 2.0
 
 LENGTHS = st.one_of(
     st.integers(1, 12),
@@ -100,11 +93,6 @@ MAX_ERRORS: dict = {}
 if os.environ.get("KERAS_ATTN_PRINT_ERRORS"):
     atexit.register(lambda: print("max relative errors (blocks):", MAX_ERRORS))
 
-NO_SHRINK = (
-    {"phases": (Phase.explicit, Phase.reuse, Phase.generate)}
-    if os.environ.get("KERAS_ATTN_NO_SHRINK")
-    else {}
-)
 
 _HUB_BLOCKS: dict = {}  # float32 references, and keras-hub's under a policy
 _OUR_BLOCKS: dict = {}
@@ -153,18 +141,6 @@ def block_pair(kind, index, policy, flash):
         ours.set_weights(hub.get_weights())
         _OUR_BLOCKS[kind, index, policy, flash] = ours
     return hub, _OUR_BLOCKS[kind, index, policy, flash]
-
-
-def _padding(rng, batch, length, style):
-    """`(B, L)`: "suffix" (a length 0..L per row: some rows all padding),
-    "random", "empty" (one sequence all padding)."""
-    if style == "suffix":
-        lengths = rng.integers(0, length + 1, size=batch)
-        return np.arange(length)[None, :] < lengths[:, None]
-    mask = rng.random((batch, length)) < 0.7
-    if style == "empty":
-        mask[rng.integers(batch)] = False
-    return mask
 
 
 def _attention_mask(rng, batch, query_length, key_length):
@@ -250,20 +226,8 @@ def _zeroed_reference(hub, kind, x, source, self_mask, cross_mask, padding):
     return y if hub.normalize_first else _numpy(hub._feedforward_layer_norm(y))
 
 
-def _relative_error(got, want, rows):
-    got, want = got[rows], want[rows]
-    if got.size == 0:
-        return 0.0
-    scale = max(float(np.max(np.abs(want))), 1e-3)
-    return float(np.max(np.abs(got - want))) / scale
-
-
 def _check_close(got, want, policy, rows, what, allowed):
-    error = _relative_error(got, want, rows)
-    MAX_ERRORS[policy] = max(MAX_ERRORS.get(policy, 0.0), error)
-    assert error <= allowed, (
-        f"{what}: relative error {error:.3g} > {allowed:.3g} ({policy})"
-    )
+    return check_close(got, want, policy, rows, what, allowed, MAX_ERRORS)
 
 
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis:UserWarning")
@@ -293,9 +257,9 @@ def test_blocks_match_keras_hub(case):
     def padding_of(how, sequence, size):
         explicit = keras_mask = None
         if how in ("argument", "both"):
-            explicit = _padding(rng, batch, size, case["padding_style"])
+            explicit = padding_mask(rng, batch, size, case["padding_style"])
         if how in ("keras", "both"):
-            keras_mask = _padding(rng, batch, size, "random")
+            keras_mask = padding_mask(rng, batch, size, "random")
             sequence = np.where(keras_mask[..., None], sequence, 0.0).astype("float32")
         combined = None
         for mask in (explicit, keras_mask):
@@ -385,7 +349,7 @@ def test_blocks_match_keras_hub(case):
         if cross:
             peer_kwargs["encoder_padding_mask"] = encoder_padding
         peer = _HUB_BLOCKS[kind, case["index"], policy]
-        peer_error = _relative_error(
+        peer_error = relative_error(
             _numpy(_call(peer, kind, x, source, **peer_kwargs)), reference, ~zeroed
         )
         MAX_ERRORS[f"keras-hub {policy}"] = max(

@@ -46,28 +46,22 @@ import os
 import keras
 import numpy as np
 import pytest
-from hypothesis import Phase, example, given, note
+from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 import keras_attn
+from tests.property._peers import (
+    NO_SHRINK,
+    PEER_FACTOR,
+    POLICIES,
+    RELATIVE_TOLERANCE,
+    check_close,
+    padding_mask,
+    relative_error,
+)
 from tests.property_settings import property_settings
 
 BACKEND = keras.backend.backend()
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
-
-# Allowed error, relative to the largest |output| of the float32 reference,
-# per policy of keras-attn's layer: the larger of this floor and
-# `PEER_FACTOR` times the error of Keras's own layer under the same policy
-# on the same call. Measured on TensorFlow and JAX (CPU): float32 <= ~1.3e-6;
-# float16 <= ~4.5e-3 and bfloat16 <= ~3.2e-2 (8 mantissa bits through three
-# projections and the softmax, inputs scaled by 3, T up to 299), Keras's own
-# errors in those policies being of the same size.
-RELATIVE_TOLERANCE = {
-    "float32": 2e-5,
-    "mixed_float16": 4e-3,
-    "mixed_bfloat16": 3e-2,
-}
-PEER_FACTOR = 2.0
 
 # Allowed absolute error of the attention weights (in [0, 1]), per policy:
 # the logits' rounding in half precision, through a softmax over logits of
@@ -156,11 +150,6 @@ if os.environ.get("KERAS_ATTN_PRINT_ERRORS"):
 
 # KERAS_ATTN_NO_SHRINK=1: report the first failing example as drawn (while
 # debugging: shrinking examples that build layers takes minutes).
-NO_SHRINK = (
-    {"phases": (Phase.explicit, Phase.reuse, Phase.generate)}
-    if os.environ.get("KERAS_ATTN_NO_SHRINK")
-    else {}
-)
 
 _KERAS_LAYERS: dict = {}
 _OUR_LAYERS: dict = {}
@@ -254,18 +243,6 @@ def layer_pair(kind, index, policy, flash, window):
 # -- masks -----------------------------------------------------------------------
 
 
-def _padding(rng, batch, length, style):
-    """A `(B, L)` padding mask: "suffix" (a length from 0 to L per row, so
-    some rows are empty), "random", "empty" (one row all False)."""
-    if style == "suffix":
-        lengths = rng.integers(0, length + 1, size=batch)
-        return np.arange(length)[None, :] < lengths[:, None]
-    mask = rng.random((batch, length)) < 0.7
-    if style == "empty":
-        mask[rng.integers(batch)] = False
-    return mask
-
-
 def _attention_mask(rng, form, batch, heads, query_length, key_length):
     """`(mask in its form, the same broadcast to (B, N, T, S))`."""
     sizes = {"B": batch, "N": heads, "T": query_length, "S": key_length, "1": 1}
@@ -354,22 +331,8 @@ def _masked(x, mask):
     return keras.layers.Masking(0.0)(keras.ops.convert_to_tensor(x))
 
 
-def _relative_error(got, want, rows):
-    """max |got - want| on `rows` (`(B, T)` bool) over max |want| there."""
-    got, want = got[rows], want[rows]
-    if got.size == 0:
-        return 0.0
-    scale = max(float(np.max(np.abs(want))), 1e-3)
-    return float(np.max(np.abs(got - want))) / scale
-
-
 def _check_close(got, want, policy, rows, what, allowed):
-    error = _relative_error(got, want, rows)
-    MAX_ERRORS[policy] = max(MAX_ERRORS.get(policy, 0.0), error)
-    assert error <= allowed, (
-        f"{what}: relative error {error:.3g} > {allowed:.3g} ({policy})"
-    )
-    return error
+    return check_close(got, want, policy, rows, what, allowed, MAX_ERRORS)
 
 
 def run_case(case):
@@ -414,22 +377,22 @@ def run_case(case):
         our_kwargs["attention_mask"] = mask
     for name in ("value_mask", "key_mask"):
         if case[name] is not None:
-            mask = _padding(rng, batch, key_length, case[name])
+            mask = padding_mask(rng, batch, key_length, case[name])
             truth &= mask[:, None, None, :]
             our_kwargs[name] = mask
     query_keras_mask = value_keras_mask = None
     source = case["query_mask"]
     if source in ("argument", "both"):
-        mask = _padding(rng, batch, query_length, case["query_style"])
+        mask = padding_mask(rng, batch, query_length, case["query_style"])
         truth &= mask[:, None, :, None]
         our_kwargs["query_mask"] = mask
     if source in ("keras", "both"):
-        query_keras_mask = _padding(rng, batch, query_length, "random")
+        query_keras_mask = padding_mask(rng, batch, query_length, "random")
         truth &= query_keras_mask[:, None, :, None]
         # `keras.layers.Masking` zeroes what it masks: both layers get these.
         query = np.where(query_keras_mask[..., None], query, 0.0).astype("float32")
     if case["value_keras_mask"] and not case["self_attention"]:
-        value_keras_mask = _padding(rng, batch, key_length, "random")
+        value_keras_mask = padding_mask(rng, batch, key_length, "random")
         if case["value_mask"] is None:  # an explicit `value_mask` replaces it
             truth &= value_keras_mask[:, None, None, :]
         value = np.where(value_keras_mask[..., None], value, 0.0).astype("float32")
@@ -539,7 +502,7 @@ def run_case(case):
                     allowed_weights = max(
                         allowed_weights, PEER_FACTOR * peer_weights_error
                     )
-        peer_error = _relative_error(
+        peer_error = relative_error(
             keras.ops.convert_to_numpy(peer_outputs).astype("float32"),
             keras_outputs,
             full_rows,

@@ -1,0 +1,69 @@
+"""What the peer property tests share (`test_layers_vs_keras.py`,
+`test_blocks_vs_keras_hub.py`): the policies, the tolerances against the
+peer's own error, the padding masks drawn and the error measure."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import Phase
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+
+# Allowed max |error| relative to the largest |output| of the float32
+# reference, per policy of keras-attn's layer or block: the larger of this
+# floor and `PEER_FACTOR` times the error of the peer's own class (Keras's
+# layer, keras-hub's block) under the same policy on the same call. Measured
+# on TensorFlow and JAX (CPU): float32 <= ~1.3e-6; float16 <= ~4.5e-3 and
+# bfloat16 <= ~3.2e-2 for the layers (8 mantissa bits through three
+# projections and the softmax, inputs scaled by 3, T up to 299), the peers'
+# own errors in those policies being of the same size (keras-hub's blocks:
+# bfloat16 up to ~7e-2 at T=299, float16 ~1.5e-2; keras-attn's float16
+# errors are smaller, its softmax being float32).
+RELATIVE_TOLERANCE = {
+    "float32": 2e-5,
+    "mixed_float16": 4e-3,
+    "mixed_bfloat16": 3e-2,
+}
+PEER_FACTOR = 2.0
+
+# KERAS_ATTN_NO_SHRINK=1 reports the first failing example without
+# shrinking it (shrinking a failure takes minutes).
+NO_SHRINK = (
+    {"phases": (Phase.explicit, Phase.reuse, Phase.generate)}
+    if os.environ.get("KERAS_ATTN_NO_SHRINK")
+    else {}
+)
+
+
+def padding_mask(rng, batch, length, style):
+    """A `(B, L)` padding mask: "suffix" (a length from 0 to L per row, so
+    some rows are empty), "random", "empty" (one row all False)."""
+    if style == "suffix":
+        lengths = rng.integers(0, length + 1, size=batch)
+        return np.arange(length)[None, :] < lengths[:, None]
+    mask = rng.random((batch, length)) < 0.7
+    if style == "empty":
+        mask[rng.integers(batch)] = False
+    return mask
+
+
+def relative_error(got, want, rows):
+    """max |got - want| on `rows` (`(B, T)` bool) over max |want| there."""
+    got, want = got[rows], want[rows]
+    if got.size == 0:
+        return 0.0
+    scale = max(float(np.max(np.abs(want))), 1e-3)
+    return float(np.max(np.abs(got - want))) / scale
+
+
+def check_close(got, want, policy, rows, what, allowed, errors: dict):
+    """Assert `relative_error <= allowed`; record the largest per policy in
+    `errors` (printed at exit with KERAS_ATTN_PRINT_ERRORS=1)."""
+    error = relative_error(got, want, rows)
+    errors[policy] = max(errors.get(policy, 0.0), error)
+    assert error <= allowed, (
+        f"{what}: relative error {error:.3g} > {allowed:.3g} ({policy})"
+    )
+    return error
