@@ -35,6 +35,13 @@ def get_keras_object(name: str, value, kind: str):
         ) from error
 
 
+def check_weight_options(**options) -> None:
+    """Each `<weight>_initializer`, `_regularizer` and `_constraint` argument
+    is one Keras takes, or a `ValueError` names it (`get_keras_object`)."""
+    for name, value in options.items():
+        get_keras_object(name, value, name.rsplit("_", 1)[-1])
+
+
 def check_rate(name: str, value) -> float:
     """A rate or mixture weight in [0, 1) (a dropout rate, a cache's share)."""
     if (

@@ -161,7 +161,17 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
                 f"num_key_value_heads={num_key_value_heads}"
             )
         dropout = v.check_rate("dropout", dropout)
+        v.check_positive_int("sliding_window", sliding_window, allow_none=True)
         check_flash_attention(flash_attention, dropout)
+        v.check_weight_options(
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+        )
         if not isinstance(use_gate, bool):
             raise ValueError(
                 f"`use_gate` must be a bool. Received: use_gate={use_gate!r}"

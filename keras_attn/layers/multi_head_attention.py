@@ -493,16 +493,15 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         v.check_positive_int("sliding_window", sliding_window, allow_none=True)
         check_flash_attention(flash_attention, dropout)
-        for name, value, kind in (
-            ("kernel_initializer", kernel_initializer, "initializer"),
-            ("bias_initializer", bias_initializer, "initializer"),
-            ("kernel_regularizer", kernel_regularizer, "regularizer"),
-            ("bias_regularizer", bias_regularizer, "regularizer"),
-            ("activity_regularizer", activity_regularizer, "regularizer"),
-            ("kernel_constraint", kernel_constraint, "constraint"),
-            ("bias_constraint", bias_constraint, "constraint"),
-        ):
-            v.get_keras_object(name, value, kind)
+        v.check_weight_options(
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+        )
         if not isinstance(use_gate, bool):
             raise ValueError(
                 f"`use_gate` must be a bool. Received: use_gate={use_gate!r}"

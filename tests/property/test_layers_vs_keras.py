@@ -626,6 +626,10 @@ STRICTER = {
     ("value_mask_rank",): "`value_mask` is (B, S), as documented",
     # On JAX Keras broadcasts a value of length 1 against a longer key.
     ("key_length",): "key and value of different lengths",
+    # On PyTorch Keras builds a zero-size output axis, and broadcasts a query
+    # batch of 1 against a larger value batch.
+    ("output_shape", (2, 0)): "a zero-size output axis is not an output",
+    ("value_batch",): "query, key and value of different batch sizes",
 }
 
 MHA_BAD = {
@@ -707,6 +711,8 @@ def bad_constructor_arguments(draw):
 @given(bad_constructor_arguments())
 @property_settings(count(40), **NO_SHRINK)
 @example(("mha", "dropout", 0.2))  # flash_attention=True with dropout, below
+@example(("gqa", "kernel_initializer", "no_such_initializer"))  # named since
+@example(("gqa", "sliding_window", True))  # checked at construction since
 def test_malformed_constructor_arguments_are_refused_as_keras_refuses(case):
     kind, name, value = case
     valid = dict(MHA_VALID if kind == "mha" else GQA_VALID)
