@@ -3,9 +3,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Two pytest-xdist workers: on 2 cores the JAX run takes 4:52 instead of 7:25
-# (and the TensorFlow run 8:54), since much of a test's time is single-threaded
-# tracing and compiling. PYTEST_WORKERS=0 runs in one process.
+# Two pytest-xdist workers: much of a test's time is single-threaded tracing
+# and compiling. On a 2-core AMD EPYC (AVX-512 BF16, no AMX), 2026-11-28: the
+# TensorFlow run 20:17 (before the property and fuzz tests, other work on
+# the cores at its start), the JAX run 12:47 (with the property tests, since
+# moved to test-backends), test-torch 5:40. PYTEST_WORKERS=0 runs in one
+# process.
 PYTEST_WORKERS ?= 2
 PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS)
 # Op, layer, decoding and memory tests run a second time on the JAX backend.
