@@ -12,6 +12,7 @@ from keras_attn.layers.multi_head_attention import (
     _check_size,
     check_cache,
     check_call_inputs,
+    check_layer_options,
     mask_components,
     updated_cache,
 )
@@ -163,7 +164,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         dropout = v.check_rate("dropout", dropout)
         v.check_positive_int("sliding_window", sliding_window, allow_none=True)
         check_flash_attention(flash_attention, dropout)
-        v.check_weight_options(
+        weight_options = dict(
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             kernel_regularizer=kernel_regularizer,
@@ -172,12 +173,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             kernel_constraint=kernel_constraint,
             bias_constraint=bias_constraint,
         )
-        if not isinstance(use_gate, bool):
-            raise ValueError(
-                f"`use_gate` must be a bool. Received: use_gate={use_gate!r}"
-            )
-        if seed is not None and not v.is_int(seed):
-            raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        check_layer_options(use_gate, seed, weight_options)
         super().__init__(
             head_dim=int(head_dim),
             num_query_heads=int(num_query_heads),
@@ -186,13 +182,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             use_bias=use_bias,
             sliding_window=sliding_window,
             flash_attention=flash_attention,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint,
-            bias_constraint=bias_constraint,
+            **weight_options,
             use_gate=use_gate,
             seed=seed,
             **kwargs,

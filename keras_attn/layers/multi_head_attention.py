@@ -272,6 +272,18 @@ def _position_layer(name, value, cls):
     )
 
 
+def check_layer_options(use_gate, seed, weight_options: dict) -> None:
+    """The checks of Keras's attention arguments that `MultiHeadAttention`
+    and `GroupedQueryAttention` share: `use_gate` a bool, `seed` an int or
+    None, and the weights' initializers, regularizers and constraints ones
+    Keras takes, each refused with its name."""
+    v.check_weight_options(**weight_options)
+    if not isinstance(use_gate, bool):
+        raise ValueError(f"`use_gate` must be a bool. Received: use_gate={use_gate!r}")
+    if seed is not None and not v.is_int(seed):
+        raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.MultiHeadAttention):
     """Multi-head attention of Vaswani et al. (2017), a drop-in for Keras's.
@@ -493,7 +505,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         v.check_positive_int("sliding_window", sliding_window, allow_none=True)
         check_flash_attention(flash_attention, dropout)
-        v.check_weight_options(
+        weight_options = dict(
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             kernel_regularizer=kernel_regularizer,
@@ -502,12 +514,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             kernel_constraint=kernel_constraint,
             bias_constraint=bias_constraint,
         )
-        if not isinstance(use_gate, bool):
-            raise ValueError(
-                f"`use_gate` must be a bool. Received: use_gate={use_gate!r}"
-            )
-        if seed is not None and not v.is_int(seed):
-            raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        check_layer_options(use_gate, seed, weight_options)
         super().__init__(
             num_heads=int(num_heads),
             key_dim=int(key_dim),
@@ -518,13 +525,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_axes=attention_axes,
             sliding_window=sliding_window,
             flash_attention=flash_attention,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint,
-            bias_constraint=bias_constraint,
+            **weight_options,
             use_gate=use_gate,
             seed=seed,
             **kwargs,
