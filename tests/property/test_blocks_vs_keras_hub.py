@@ -28,7 +28,10 @@ Two references, both keras-hub's float32 blocks:
 
 keras-attn's block runs under float32, mixed_float16 and mixed_bfloat16 and
 is compared with the float32 references within the measured error of each
-policy; outputs are always finite.
+policy, or a multiple of keras-hub's own error on the same call and rows
+(keras-hub's block under the policy, re-run with the same zero rows); across
+the calls its errors are held to keras-hub's on average
+(`check_no_worse_than_peer`). Outputs are always finite.
 """
 
 from __future__ import annotations
@@ -40,16 +43,17 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
-from hypothesis import given, note
+from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 import keras_attn
 from tests.property._peers import (
+    BLOCK_PEER_FACTOR,
     NO_SHRINK,
-    PEER_FACTOR,
     POLICIES,
     RELATIVE_TOLERANCE,
     check_close,
+    check_no_worse_than_peer,
     padding_mask,
     relative_error,
 )
@@ -90,8 +94,18 @@ STRUCTURES = (
 KINDS = ("encoder", "decoder", "cross_decoder")
 
 MAX_ERRORS: dict = {}
+LOG2_RATIOS: dict = {}  # policy: log2(keras-attn's error / keras-hub's) per call
 if os.environ.get("KERAS_ATTN_PRINT_ERRORS"):
     atexit.register(lambda: print("max relative errors (blocks):", MAX_ERRORS))
+    atexit.register(
+        lambda: print(
+            "log2 error ratios (blocks):",
+            {
+                policy: (len(logs), round(float(np.mean(logs)), 3), max(logs))
+                for policy, logs in LOG2_RATIOS.items()
+            },
+        )
+    )
 
 
 _HUB_BLOCKS: dict = {}  # float32 references, and keras-hub's under a policy
@@ -190,40 +204,51 @@ def _numpy(x):
     return keras.ops.convert_to_numpy(x).astype("float32")
 
 
-def _zeroed_reference(hub, kind, x, source, self_mask, cross_mask, padding):
-    """keras-hub's block, sublayer by sublayer in keras-hub's order, its
-    attention outputs zero on the rows keras-attn documents as zero: padded
-    queries (`padding` False) and queries with no key in the mask."""
+def _zeroed_reference(block, kind, x, source, self_mask, cross_mask, padding):
+    """keras-hub's `block`, sublayer by sublayer in keras-hub's order and in
+    the block's compute dtype, its attention outputs zero on the rows
+    keras-attn documents as zero: padded queries (`padding` False) and
+    queries with no key in the mask. With keras-hub's float32 block it is
+    the reference; with keras-hub's block under a policy it is the peer's
+    own error on the same rows as keras-attn's."""
+    dtype = block.compute_dtype
 
     def attend(layer, norm, residual, value, mask):
-        query = norm(residual) if hub.normalize_first else residual
+        query = norm(residual) if block.normalize_first else residual
         if value is None:
             value = query
-        outputs = _numpy(layer(query=query, value=value, attention_mask=mask))
+        outputs = layer(query=query, value=value, attention_mask=mask)
         rows = mask.any(-1)  # (B, T): a key to attend to
         if padding is not None:
             rows &= padding
-        outputs = np.where(rows[..., None], outputs, 0.0)
-        x = residual + outputs
-        return x if hub.normalize_first else _numpy(norm(x))
+        outputs = keras.ops.where(rows[..., None], outputs, 0.0)
+        x = residual + keras.ops.cast(outputs, dtype)
+        return x if block.normalize_first else norm(x)
 
+    x = keras.ops.cast(x, dtype)
     x = attend(
-        hub._self_attention_layer, hub._self_attention_layer_norm, x, None, self_mask
+        block._self_attention_layer,
+        block._self_attention_layer_norm,
+        x,
+        None,
+        self_mask,
     )
     if kind == "cross_decoder":
         x = attend(
-            hub._cross_attention_layer,
-            hub._cross_attention_layer_norm,
+            block._cross_attention_layer,
+            block._cross_attention_layer_norm,
             x,
-            source,
+            keras.ops.cast(source, dtype),
             cross_mask,
         )
     hidden = x
-    if hub.normalize_first:
-        hidden = hub._feedforward_layer_norm(hidden)
-    hidden = hub._feedforward_output_dense(hub._feedforward_intermediate_dense(hidden))
-    y = x + _numpy(hidden)
-    return y if hub.normalize_first else _numpy(hub._feedforward_layer_norm(y))
+    if block.normalize_first:
+        hidden = block._feedforward_layer_norm(hidden)
+    hidden = block._feedforward_output_dense(
+        block._feedforward_intermediate_dense(hidden)
+    )
+    y = x + hidden
+    return _numpy(y if block.normalize_first else block._feedforward_layer_norm(y))
 
 
 def _check_close(got, want, policy, rows, what, allowed):
@@ -233,6 +258,27 @@ def _check_close(got, want, policy, rows, what, allowed):
 @pytest.mark.filterwarnings("ignore:You are using a softmax over axis:UserWarning")
 @pytest.mark.filterwarnings("ignore:.*built-in mask is ignored")
 @given(block_cases())
+# A call where keras-attn's error (0.067) is 3.4 times keras-hub's (0.020),
+# both blocks equally accurate across calls (see BLOCK_PEER_FACTOR).
+@example(
+    dict(
+        kind="cross_decoder",
+        index=2,
+        policy="mixed_bfloat16",
+        flash=None,
+        batch=3,
+        length=41,
+        source_length=41,
+        padding=None,
+        padding_style="suffix",
+        attention_mask=False,
+        encoder_padding="argument",
+        encoder_attention_mask=False,
+        causal=False,
+        scale=3.0,
+        seed=5703467,
+    )
+)
 @property_settings(count(180), **NO_SHRINK)
 def test_blocks_match_keras_hub(case):
     note(repr(case))
@@ -340,23 +386,30 @@ def test_blocks_match_keras_hub(case):
     # undisputed rows against keras-hub's block as it is.
     allowed = RELATIVE_TOLERANCE[policy]
     if policy != "float32":
-        # keras-hub's own block under the policy, given keras-attn's combined
-        # padding, on the rows it agrees on.
+        # keras-hub's own error under the policy, on the same rows as
+        # keras-attn's: its block re-run with the same zero rows. On the rows
+        # where nothing is zeroed the re-run is keras-hub's block as it is
+        # (given keras-attn's combined padding).
+        peer = _HUB_BLOCKS[kind, case["index"], policy]
+        peer_rerun = _zeroed_reference(
+            peer, kind, x, source, self_mask, cross_mask, padding
+        )
         peer_kwargs = dict(kwargs)
         peer_kwargs["padding_mask" if kind == "encoder" else "decoder_padding_mask"] = (
             padding
         )
         if cross:
             peer_kwargs["encoder_padding_mask"] = encoder_padding
-        peer = _HUB_BLOCKS[kind, case["index"], policy]
-        peer_error = relative_error(
-            _numpy(_call(peer, kind, x, source, **peer_kwargs)), reference, ~zeroed
-        )
+        peer_block = _numpy(_call(peer, kind, x, source, **peer_kwargs))
+        np.testing.assert_array_equal(peer_rerun[~zeroed], peer_block[~zeroed])
+        peer_error = relative_error(peer_rerun, reference, np.ones(zeroed.shape, bool))
         MAX_ERRORS[f"keras-hub {policy}"] = max(
             MAX_ERRORS.get(f"keras-hub {policy}", 0.0), peer_error
         )
-        allowed = max(allowed, PEER_FACTOR * peer_error)
-    _check_close(
+        allowed = max(allowed, BLOCK_PEER_FACTOR * peer_error)
+    error = _check_close(
         got, reference, policy, np.ones(zeroed.shape, bool), "all rows", allowed
     )
     _check_close(got, want, policy, hub_comparable, "keras-hub's rows", allowed)
+    if policy != "float32":
+        check_no_worse_than_peer(error, peer_error, policy, LOG2_RATIOS)
