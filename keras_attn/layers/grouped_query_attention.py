@@ -9,7 +9,6 @@ from keras import ops
 from keras_attn import _validation as v
 from keras_attn.layers.multi_head_attention import (
     MultiHeadAttention,
-    _check_size,
     check_cache,
     check_call_inputs,
     check_layer_options,
@@ -152,9 +151,9 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         seed=None,
         **kwargs,
     ):
-        _check_size("head_dim", head_dim)
-        _check_size("num_query_heads", num_query_heads)
-        _check_size("num_key_value_heads", num_key_value_heads)
+        v.check_size("head_dim", head_dim)
+        v.check_size("num_query_heads", num_query_heads)
+        v.check_size("num_key_value_heads", num_key_value_heads)
         if num_query_heads % num_key_value_heads:
             raise ValueError(
                 "`num_query_heads` must be divisible by `num_key_value_heads`. "

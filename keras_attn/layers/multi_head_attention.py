@@ -23,11 +23,10 @@ from keras_attn.ops.attention import (
 )
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (
-    causal_mask,
+    band_mask,
     combine_masks,
     padding_mask,
     rows_with_keys,
-    sliding_window_mask,
     split_attention_mask,
 )
 
@@ -91,19 +90,6 @@ def _project(dense, inputs, scale=None):
         if bias is not None:
             outputs = outputs + ops.cast(bias, dtype)
     return dense.activation(outputs)
-
-
-def _check_size(name, value, allow_none=False):
-    """A head count or size: a positive int (or `None` where allowed), refused
-    in Keras's words ("... argument `num_heads` ...")."""
-    if value is None and allow_none:
-        return
-    if not v.is_int(value) or value < 1:
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a "
-            f"positive integer{' or `None`' if allow_none else ''}. "
-            f"Received: {name}={value!r}"
-        )
 
 
 def check_call_inputs(query, value, key, projections):
@@ -478,8 +464,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         alibi_bias=None,
         **kwargs,
     ):
-        _check_size("num_heads", num_heads)
-        _check_size("num_key_value_heads", num_key_value_heads, allow_none=True)
+        v.check_size("num_heads", num_heads)
+        v.check_size("num_key_value_heads", num_key_value_heads, allow_none=True)
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
                 "`num_heads` must be divisible by `num_key_value_heads` (each "
@@ -487,8 +473,8 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"Received: num_heads={num_heads}, "
                 f"num_key_value_heads={num_key_value_heads}"
             )
-        _check_size("key_dim", key_dim)
-        _check_size("value_dim", value_dim, allow_none=True)
+        v.check_size("key_dim", key_dim)
+        v.check_size("value_dim", value_dim, allow_none=True)
         dropout = v.check_rate("dropout", dropout)
         output_shape = self._check_output_shape(output_shape, output_dim)
         if attention_axes is not None and not (
@@ -1043,16 +1029,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                     f"query.shape={tuple(query.shape)}"
                 )
             query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
-            band = None
-            if use_causal_mask:
-                band = causal_mask(query_length, key_length, causal_offset)
-            if sliding_window is not None:
-                band = combine_masks(
-                    band,
-                    sliding_window_mask(
-                        query_length, key_length, sliding_window, causal_offset
-                    ),
-                )
+            band = band_mask(
+                query_length, key_length, use_causal_mask, sliding_window, causal_offset
+            )
             attention_mask = combine_masks(
                 None
                 if attention_mask is None
@@ -1275,16 +1254,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             # Keras's arguments only: every mask in one (B|1, N|1, Tq, Tk).
             query_length = ops.shape(query_heads)[1]
             key_length = ops.shape(key_heads)[1]
-            band = None
-            if use_causal_mask:
-                band = causal_mask(query_length, key_length, offset)
-            if self.sliding_window is not None:
-                band = combine_masks(
-                    band,
-                    sliding_window_mask(
-                        query_length, key_length, self.sliding_window, offset
-                    ),
-                )
+            band = band_mask(
+                query_length, key_length, use_causal_mask, self.sliding_window, offset
+            )
             combined = combine_masks(
                 explicit,
                 None if key_padding is None else key_padding[:, None, None, :],
@@ -1308,14 +1280,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         causal mask and the window over axis 1 folded in, and the
         `(B, <axes>)` query positions that have a key (or `None`)."""
         layout = self._layout(len(query_heads.shape))
-        band = None
         query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
-        if use_causal:
-            band = causal_mask(query_length, key_length)  # (Tq, Tk) over axis 1
-        if self.sliding_window is not None:
-            band = combine_masks(
-                band, sliding_window_mask(query_length, key_length, self.sliding_window)
-            )
+        band = band_mask(
+            query_length, key_length, use_causal, self.sliding_window
+        )  # (Tq, Tk) over axis 1, or None
         mask = combine_masks(
             None
             if attention_mask is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_attn import _validation as v
+
 # keras_attn.text's special ids (that module imports TensorFlow).
 PAD_ID, START_ID, END_ID = 0, 2, 3
 
@@ -24,19 +26,6 @@ def deserialize_tokenizer(config):
     import keras_attn.text  # noqa: F401  registers the tokenizer classes
 
     return keras.saving.deserialize_keras_object(config)
-
-
-def check_tokenizer(name: str, tokenizer):
-    """`tokenizer` if it is None or a tokenizer (has `tokenize` and
-    `detokenize`), else a `ValueError`."""
-    if tokenizer is None or (
-        hasattr(tokenizer, "tokenize") and hasattr(tokenizer, "get_config")
-    ):
-        return tokenizer
-    raise ValueError(
-        f"`{name}` must be a keras_attn tokenizer (SubwordTokenizer, "
-        f"WordPieceTokenizer) or None. Received: {name}={tokenizer!r}"
-    )
 
 
 def require_tokenizer(model, name: str, method: str):
@@ -95,14 +84,6 @@ def refuse_text_predict(model, x, methods: str) -> None:
         )
 
 
-def check_length(name: str, value, allow_none: bool = False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
-    return value
-
-
 # -- batching raw texts -------------------------------------------------------
 
 DEFAULT_BATCH_SIZE = 64
@@ -110,7 +91,7 @@ VERBOSE_CHOICES = ("auto", 0, 1, 2)
 
 
 def check_batch_size(batch_size) -> int:
-    return check_length("batch_size", batch_size)
+    return v.check_positive_int("batch_size", batch_size)
 
 
 def check_verbose(verbose):
@@ -203,6 +184,71 @@ def cached(model, key, depends, build):
     return found[1]
 
 
+class WithoutPadding:
+    """A `keras_attn.generation` next function whose logits never pick the
+    padding id: a decoded 0 would be a token to the KV cache but padding to
+    the model's own mask in a full pass (and to detokenizing), so the tasks'
+    decodings choose among the other ids. (A class, not a closure: AutoGraph
+    reads a function's source when it converts it.)"""
+
+    def __init__(self, next_fn):
+        self.next_fn = next_fn
+
+    def __call__(self, token_ids, cache, index):
+        logits, cache = self.next_fn(token_ids, cache, index)
+        logits = keras.ops.cast(logits, "float32")  # the samplers read float32
+        padding = keras.ops.one_hot(PAD_ID, logits.shape[-1], dtype="bool")
+        return keras.ops.where(padding, -1e9, logits), cache
+
+
+def compiled(model, key, build, *, depends=(), signature=None):
+    """`build()` (a function of tensors) compiled for the backend and kept on
+    `model` under `key`: `tf.function` on TensorFlow (with `signature`, the
+    `(shape, dtype)` of each argument, one trace for every batch size),
+    `jax.jit` reading the
+    weights at each call on JAX, the function itself elsewhere. Rebuilt when
+    the model's variables are no longer the ones it was compiled with
+    (`quantize` replaces kernels; a trace would keep the old ones) or an
+    object of `depends` (a sampler, a datastore) is no longer the same."""
+
+    def make():
+        fn = build()
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            return tf.function(
+                fn,
+                input_signature=None
+                if signature is None
+                else [tf.TensorSpec(shape, dtype) for shape, dtype in signature],
+            )
+        if backend == "jax":
+            return jit_reading_weights(model, fn)
+        return fn
+
+    return cached(model, key, (*depends, *model.variables), make)
+
+
+def jit_reading_weights(model, fn):
+    """`jax.jit(fn)` that reads `model`'s weights at each call: they are
+    arguments of the compiled function (mapped onto the variables by a
+    `keras.StatelessScope`), not constants of its trace, so weights trained or
+    loaded after the first call are the ones used."""
+    import jax
+
+    variables = list(model.variables)
+
+    def stateless(values, *args):
+        with keras.StatelessScope(
+            state_mapping=list(zip(variables, values, strict=True))
+        ):
+            return fn(*args)
+
+    jitted = jax.jit(stateless)
+    return lambda *args: jitted([variable.value for variable in variables], *args)
+
+
 def bucket_rows(rows: int) -> int:
     """The rows a batch of `rows` is padded to for a compiled call whose
     shape is fixed (JAX): the next power of two, so a few batch sizes."""
@@ -242,7 +288,8 @@ def compiled_forward(model, width: int):
             return forward
         return lambda ids: keras.ops.convert_to_numpy(model(ids, training=False))
 
-    return cached(model, ("compiled_forward", width), (), build)
+    # Rebuilt when the variables change (`quantize`): a trace keeps the old.
+    return cached(model, ("compiled_forward", width), tuple(model.variables), build)
 
 
 def decoded(texts) -> list[str]:

@@ -50,12 +50,38 @@ def _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position
     v.check_choice("position", position, POSITIONS)
 
 
+def serialize_dtype_policy(model) -> dict:
+    """`model`'s dtype policy serialized as keras-hub's `Backbone.get_config`
+    does: a `DTypePolicyMap` of the quantized layers' policies (under the
+    model's policy) once any is quantized, else the policy itself."""
+    policy = model.dtype_policy
+    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        quantized = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
+        for layer in model._flatten_layers():
+            if layer.quantization_mode is not None:
+                quantized[layer.path] = layer.dtype_policy
+        if len(quantized) > 0:
+            policy = quantized
+    return keras.dtype_policies.serialize(policy)
+
+
 class _Backbone(SetattrBeforeInit, keras.Model):
     """What the backbones share: the embedding's name for tied heads
-    (`token_embedding`, as keras-hub's `Backbone`), the blocks, and a config
-    of their constructor arguments."""
+    (`token_embedding`, as keras-hub's `Backbone`), the blocks, a config
+    of their constructor arguments, and the dtype policy.
 
-    def _make_embedding(self, embedding):
+    As keras-hub's `Backbone`: each subclass hands `dtype` to every layer it
+    builds and then to this constructor, which sets the model's policy;
+    `get_config` records it (a `DTypePolicyMap` of the quantized layers'
+    policies once `quantize` has run, so the quantized backbone rebuilds).
+    """
+
+    def __init__(self, inputs, outputs, dtype=None, **kwargs):
+        super().__init__(inputs, outputs, **kwargs)
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
+
+    def _make_embedding(self, embedding, dtype):
         if embedding is not None:
             return embedding
         position = self._backbone_config["position"]
@@ -72,6 +98,7 @@ class _Backbone(SetattrBeforeInit, keras.Model):
             embeddings_initializer=keras.initializers.get(
                 self._backbone_config["embeddings_initializer"]
             ),
+            dtype=dtype,
             name="embedding",
         )
 
@@ -130,6 +157,7 @@ class _Backbone(SetattrBeforeInit, keras.Model):
             "name": self.name,
             "trainable": self.trainable,
             **self._backbone_config,
+            "dtype": serialize_dtype_policy(self),
         }
         config["embeddings_initializer"] = keras.initializers.serialize(
             keras.initializers.get(config["embeddings_initializer"])
@@ -139,6 +167,8 @@ class _Backbone(SetattrBeforeInit, keras.Model):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.get(config["dtype"])
         with blocks_of_config(config):  # configs of 0.2: blocks of that structure
             return cls(**config)
 
@@ -172,7 +202,11 @@ class TransformerEncoderBackbone(_Backbone):
         num_key_value_heads: keyword-only, grouped-query attention in every
             block (see `TransformerEncoderBlock`).
         sliding_window: keyword-only, the blocks' self-attention window.
-        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+        dtype: keyword-only, the dtype policy of every layer (`"float32"`,
+            `"bfloat16"`, `"mixed_bfloat16"`, `"mixed_float16"`, a
+            `keras.DTypePolicy` or a `DTypePolicyMap`); default the global
+            policy. Recorded in the config.
+        **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
     def __init__(
@@ -194,6 +228,7 @@ class TransformerEncoderBackbone(_Backbone):
         *,
         num_key_value_heads: int | None = None,
         sliding_window: int | None = None,
+        dtype=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "encoder_backbone")
@@ -217,15 +252,15 @@ class TransformerEncoderBackbone(_Backbone):
         attention = self._attention_options(num_key_value_heads, sliding_window)
         with keras.name_scope(kwargs["name"]):
             token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-            self.embedding = self._make_embedding(None)
+            self.embedding = self._make_embedding(None, dtype)
             x = self.embedding(token_ids)  # (B, T, d), masked token_ids != 0
             self.embedding_norm = None
             if embedding_norm:
                 self.embedding_norm = keras.layers.LayerNormalization(
-                    epsilon=layer_norm_epsilon, name="embedding_norm"
+                    epsilon=layer_norm_epsilon, dtype=dtype, name="embedding_norm"
                 )
                 x = self.embedding_norm(x)
-            x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+            x = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")(x)
             self.blocks = []
             for index in range(num_layers):
                 block = block_class(TransformerEncoderBlock)(
@@ -235,6 +270,7 @@ class TransformerEncoderBackbone(_Backbone):
                     normalize_first=normalize_first,
                     activation=activation,
                     layer_norm_epsilon=layer_norm_epsilon,
+                    dtype=dtype,
                     name=f"encoder_{index}",
                     **attention,
                 )
@@ -243,10 +279,10 @@ class TransformerEncoderBackbone(_Backbone):
             self.final_norm = None
             if normalize_first:
                 self.final_norm = keras.layers.LayerNormalization(
-                    epsilon=layer_norm_epsilon, name="final_norm"
+                    epsilon=layer_norm_epsilon, dtype=dtype, name="final_norm"
                 )
                 x = self.final_norm(x)
-        super().__init__(token_ids, x, **kwargs)
+        super().__init__(token_ids, x, dtype=dtype, **kwargs)
 
     @classmethod
     def from_bert(cls, checkpoint, dropout: float = 0.1, **kwargs):
@@ -346,7 +382,11 @@ class TransformerDecoderBackbone(_Backbone):
         num_key_value_heads: keyword-only, grouped-query attention in every
             block's attention layers (see `TransformerDecoderBlock`).
         sliding_window: keyword-only, the blocks' self-attention window.
-        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+        dtype: keyword-only, the dtype policy of every layer (`"float32"`,
+            `"bfloat16"`, `"mixed_bfloat16"`, `"mixed_float16"`, a
+            `keras.DTypePolicy` or a `DTypePolicyMap`); default the global
+            policy. Recorded in the config.
+        **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
     def __init__(
@@ -369,6 +409,7 @@ class TransformerDecoderBackbone(_Backbone):
         *,
         num_key_value_heads: int | None = None,
         sliding_window: int | None = None,
+        dtype=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "decoder_backbone")
@@ -413,9 +454,9 @@ class TransformerDecoderBackbone(_Backbone):
                     "encoder_sequence_output": encoder_states,
                     "encoder_padding_mask": encoder_mask,
                 }
-            self.embedding = self._make_embedding(token_embedding)
+            self.embedding = self._make_embedding(token_embedding, dtype)
             x = self.embedding(token_ids)  # (B, T, d), masked token_ids != 0
-            x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+            x = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")(x)
             self.blocks = []
             for index in range(num_layers):
                 block = block_class(TransformerDecoderBlock)(
@@ -424,6 +465,7 @@ class TransformerDecoderBackbone(_Backbone):
                     dropout=dropout,
                     normalize_first=normalize_first,
                     layer_norm_epsilon=layer_norm_epsilon,
+                    dtype=dtype,
                     name=f"decoder_{index}",
                     **attention,
                 )
@@ -435,7 +477,7 @@ class TransformerDecoderBackbone(_Backbone):
             self.final_norm = None
             if normalize_first:
                 self.final_norm = keras.layers.LayerNormalization(
-                    epsilon=layer_norm_epsilon, name="final_norm"
+                    epsilon=layer_norm_epsilon, dtype=dtype, name="final_norm"
                 )
                 x = self.final_norm(x)
-        super().__init__(inputs, x, **kwargs)
+        super().__init__(inputs, x, dtype=dtype, **kwargs)

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn import _validation as v
 from keras_attn import generation
 from keras_attn._loops import map_chunks
 from keras_attn.models import _task
@@ -53,7 +54,11 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         num_key_value_heads: keyword-only, grouped-query attention in every
             block (`None`: `num_heads`); the KV cache holds these heads.
         sliding_window: keyword-only, each block's self-attention window.
-        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+        dtype: keyword-only, the dtype policy of the backbone built here
+            (the logits stay float32); with `backbone` given, the
+            backbone's policy is the task's (`dtype` may repeat it).
+            Default the global policy.
+        **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         backbone=None,
         num_key_value_heads: int | None = None,
         sliding_window: int | None = None,
+        dtype=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "transformer_language_model")
@@ -97,7 +103,8 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
                     "A language model's backbone has no cross-attention. Received: "
                     "a TransformerDecoderBackbone with cross_attention=True"
                 )
-        tokenizer = _task.check_tokenizer("tokenizer", tokenizer)
+        tokenizer = v.check_tokenizer("tokenizer", tokenizer)
+        dtype = self.check_dtype(dtype, [backbone])
         if backbone is None:
             backbone = TransformerDecoderBackbone(
                 **sizes,
@@ -105,6 +112,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
                     "class_name": "RandomNormal",
                     "config": {"stddev": 0.02},
                 },
+                dtype=dtype,
             )
         self.backbone = backbone
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
@@ -120,6 +128,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             )
             logits = self.logits_layer(states)
         super().__init__(token_ids, logits, **kwargs)
+        self._adopt_dtype_policy(backbone)
         # The same graph with the last states as a second output; kept out
         # of Keras' tracking (it holds no state of its own).
         object.__setattr__(
@@ -223,7 +232,9 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
     ):
         """Continue right-padded prompt ids `(B, T0)` to `max_length` tokens
         over the KV cache: int32 `(B, max_length)`, the prompt, the new
-        tokens, then padding after the end token.
+        tokens, then padding after the end token. The new tokens are never
+        the padding id 0 (a padded position to the model's own mask, but a
+        token to the cache): the samplers choose among the other ids.
 
         `sampler`: `"greedy"` or a `keras_attn.generation` sampler instance
         (`TopKSampler(k=10, temperature=0.8)`, `TopPSampler`, `BeamSampler`,
@@ -239,7 +250,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             )
         cache = self.initial_cache(ops.shape(prompt)[0], max_length)
         tokens = sampler(
-            self.call_with_cache,
+            _task.WithoutPadding(self.call_with_cache),
             prompt,
             cache,
             max_length,
@@ -284,7 +295,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
                 "`continuous_cache` must be a keras_attn.memory.ContinuousCache or "
                 f"None. Received: continuous_cache={continuous_cache!r}"
             )
-        context = _task.check_length(
+        context = v.check_positive_int(
             "context_length", context_length or self.sequence_length
         )
         if context < 2:
@@ -488,7 +499,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
                     f"Received: context_length={context}"
                 )
             return context - 2
-        _task.check_length("max_new_tokens", max_new_tokens)
+        v.check_positive_int("max_new_tokens", max_new_tokens)
         if max_new_tokens > context - 1:
             raise ValueError(
                 f"`max_new_tokens` must be at most {context - 1}: the context of "
@@ -523,9 +534,15 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         width = prompt_width or keep + 1
         prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, width])
         total = context if max_new_tokens is None else width + max_new_tokens
-        if tf.executing_eagerly() and keras.backend.backend() == "tensorflow":
+        backend = keras.backend.backend()
+        if tf.executing_eagerly() and backend in ("tensorflow", "jax"):
             generate = self._compiled_generation(width, total, sampler, seed)
-            tokens = generate(prompt, lengths)
+            if backend == "jax":
+                tokens = tf.convert_to_tensor(
+                    np.asarray(generate(prompt.numpy(), lengths.numpy()))
+                )
+            else:
+                tokens = generate(prompt, lengths)
         else:
             tokens = self.generate_ids(
                 prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
@@ -539,30 +556,26 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
 
     def _compiled_generation(self, width, total, sampler, seed):
         """`generate_ids` of `(prompt (B, width), lengths (B,))` to `total`
-        tokens in one `tf.function`, traced once per setting and kept (an
-        eager decoding loop dispatches every op of every step)."""
-        import tensorflow as tf
+        tokens, compiled once per setting (`tf.function` on TensorFlow,
+        `jax.jit` on JAX) and kept until the weights' variables change
+        (`quantize`): an eager decoding loop dispatches every op of every
+        step, and an uncompiled one re-traces per call."""
 
-        key = (width, total, id(sampler), seed)
-        compiled = self.__dict__.setdefault("_compiled_generations", {})
-        if key not in compiled:
-
+        def build():
             def generate(prompt, lengths):
                 return self.generate_ids(
                     prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
                 )
 
-            compiled[key] = (
-                tf.function(
-                    generate,
-                    input_signature=[
-                        tf.TensorSpec([None, width], tf.int32),
-                        tf.TensorSpec([None], tf.int32),
-                    ],
-                ),
-                sampler,  # kept alive: its id is the key
-            )
-        return compiled[key][0]
+            return generate
+
+        return _task.compiled(
+            self,
+            ("generation", width, total, id(sampler), seed),
+            build,
+            depends=(sampler,),
+            signature=[([None, width], "int32"), ([None], "int32")],
+        )
 
     def stream_log_probs(
         self, dataset, states: bool = False, verbose: int = 0, title: str = "Scoring"

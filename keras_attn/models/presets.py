@@ -104,6 +104,9 @@ def save_backbone(backbone, preset_dir) -> Path:
     return directory
 
 
+BACKBONE_KEYS = ("backbone", "decoder_backbone")
+
+
 def load_task(cls, preset, load_weights: bool = True, **kwargs):
     """The task of a preset directory, of class `cls` or a subclass.
 
@@ -121,7 +124,20 @@ def load_task(cls, preset, load_weights: bool = True, **kwargs):
     for key, file_name in TOKENIZER_FILES.items():
         if key in inner and (directory / file_name).exists():
             inner[key] = _read_tokenizer(directory, file_name)
+    dtype = kwargs.pop("dtype", None)
     inner.update(kwargs)
+    if dtype is not None:
+        # As keras-hub's `Task.from_preset`: the policy is the backbones'
+        # (the task takes theirs); a config from before the backbones
+        # builds them from the task's own arguments.
+        nested = [key for key in BACKBONE_KEYS if isinstance(inner.get(key), dict)]
+        for key in nested:
+            inner[key] = {
+                **inner[key],
+                "config": {**inner[key]["config"], "dtype": dtype},
+            }
+        if not nested:
+            inner["dtype"] = dtype
     task = keras.saving.deserialize_keras_object({**config, "config": inner})
     if load_weights:
         task.backbone.load_weights(directory / MODEL_WEIGHTS_FILE)

@@ -10,10 +10,22 @@ from keras_attn import _validation as v
 from keras_attn.layers.bahdanau_attention import BahdanauAttention
 from keras_attn.layers.bahdanau_decoder import BahdanauDecoder
 from keras_attn.layers.luong_attention import LuongAttention
-from keras_attn.models import _task
+from keras_attn.models.backbones import serialize_dtype_policy
 from keras_attn.models.translator import Translator
 
 ATTENTIONS = ("bahdanau", "luong_dot", "luong_general", "luong_concat")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class Float32Orthogonal(keras.initializers.Orthogonal):
+    """Keras's `Orthogonal` initializer drawn in float32 and cast to the
+    variable's dtype: its QR decomposition has no bfloat16 or float16
+    kernel (JAX: "Unsupported dtype bfloat16"), which a GRU's recurrent
+    kernel under the `"bfloat16"` policy needs. The same values as
+    `Orthogonal` in float32."""
+
+    def __call__(self, shape, dtype=None):
+        return ops.cast(super().__call__(shape, dtype="float32"), dtype or "float32")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -49,7 +61,10 @@ class RNNTranslator(Translator):
         dropout: dropout on embeddings and before the output layer.
         source_tokenizer, target_tokenizer: tokenizers of `translate` and
             `export` (optional).
-        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+        dtype: keyword-only, the dtype policy of every layer (the logits
+            stay float32); default the global policy. Recorded in the
+            config.
+        **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
     def __init__(
@@ -63,6 +78,8 @@ class RNNTranslator(Translator):
         dropout: float = 0.2,
         source_tokenizer=None,
         target_tokenizer=None,
+        *,
+        dtype=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "rnn_translator")
@@ -76,8 +93,8 @@ class RNNTranslator(Translator):
         v.check_positive_int("attention_units", attention_units, allow_none=True)
         score_units = attention_units or units
         v.check_rate("dropout", dropout)
-        source_tokenizer = _task.check_tokenizer("source_tokenizer", source_tokenizer)
-        target_tokenizer = _task.check_tokenizer("target_tokenizer", target_tokenizer)
+        source_tokenizer = v.check_tokenizer("source_tokenizer", source_tokenizer)
+        target_tokenizer = v.check_tokenizer("target_tokenizer", target_tokenizer)
 
         encoder_inputs = keras.Input((None,), dtype="int32", name="encoder_inputs")
         decoder_inputs = keras.Input((None,), dtype="int32", name="decoder_inputs")
@@ -87,18 +104,28 @@ class RNNTranslator(Translator):
             source_vocabulary_size,
             embedding_dim,
             mask_zero=True,
+            dtype=dtype,
             name="source_embedding",
         )
         source = self.source_embedding(encoder_inputs)
-        source = keras.layers.Dropout(dropout, name="source_dropout")(source)
+        source = keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout")(
+            source
+        )
         self.encoder = keras.layers.Bidirectional(
-            keras.layers.GRU(units // 2, return_sequences=True, return_state=True),
+            keras.layers.GRU(
+                units // 2,
+                return_sequences=True,
+                return_state=True,
+                recurrent_initializer=Float32Orthogonal(),
+                dtype=dtype,
+            ),
+            dtype=dtype,
             name="encoder",
         )
         encoder_outputs, forward_state, backward_state = self.encoder(
             source
         )  # (B, Ts, units), (B, units // 2) x 2
-        decoder_state = keras.layers.Concatenate(name="encoder_state")(
+        decoder_state = keras.layers.Concatenate(dtype=dtype, name="encoder_state")(
             [forward_state, backward_state]
         )  # (B, units)
 
@@ -106,15 +133,26 @@ class RNNTranslator(Translator):
             target_vocabulary_size,
             embedding_dim,
             mask_zero=True,
+            dtype=dtype,
             name="target_embedding",
         )
         target = self.target_embedding(decoder_inputs)
-        target = keras.layers.Dropout(dropout, name="target_dropout")(target)
+        target = keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout")(
+            target
+        )
 
         if attention == "bahdanau":
-            cell = keras.layers.GRUCell(units, name="cell")
+            cell = keras.layers.GRUCell(
+                units,
+                recurrent_initializer=Float32Orthogonal(),
+                dtype=dtype,
+                name="cell",
+            )
             self.decoder = BahdanauDecoder(
-                cell, BahdanauAttention(score_units, name="attention"), name="decoder"
+                cell,
+                BahdanauAttention(score_units, dtype=dtype, name="attention"),
+                dtype=dtype,
+                name="decoder",
             )
             self.attention_layer = self.decoder.attention
             features = self.decoder(
@@ -123,7 +161,11 @@ class RNNTranslator(Translator):
         else:
             score = attention.split("_", 1)[1]
             self.decoder = keras.layers.GRU(
-                units, return_sequences=True, name="decoder"
+                units,
+                return_sequences=True,
+                recurrent_initializer=Float32Orthogonal(),
+                dtype=dtype,
+                name="decoder",
             )
             decoder_outputs = self.decoder(
                 target, initial_state=decoder_state
@@ -131,22 +173,26 @@ class RNNTranslator(Translator):
             self.attention_layer = LuongAttention(
                 score=score,
                 units=score_units if score == "concat" else None,
+                dtype=dtype,
                 name="attention",
             )
             context = self.attention_layer(
                 decoder_outputs, encoder_outputs
             )  # (B, Tt, units)
-            features = keras.layers.Concatenate(name="context_and_state")(
+            features = keras.layers.Concatenate(dtype=dtype, name="context_and_state")(
                 [context, decoder_outputs]
             )  # (B, Tt, 2 * units): [c_t; h_t]
         self.attentional = keras.layers.Dense(
             units,
             activation="tanh",
             use_bias=attention == "bahdanau",
+            dtype=dtype,
             name="attentional",
         )  # Luong's h̃_t = tanh(W_c [c_t; h_t]); Bahdanau's output layer
         hidden = self.attentional(features)
-        hidden = keras.layers.Dropout(dropout, name="output_dropout")(hidden)
+        hidden = keras.layers.Dropout(dropout, dtype=dtype, name="output_dropout")(
+            hidden
+        )
         self.logits_layer = keras.layers.Dense(
             target_vocabulary_size, dtype="float32", name="logits"
         )
@@ -156,6 +202,8 @@ class RNNTranslator(Translator):
             logits,
             **kwargs,
         )
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
         self.source_vocabulary_size = source_vocabulary_size
         self.target_vocabulary_size = target_vocabulary_size
         self.embedding_dim = embedding_dim
@@ -260,4 +308,5 @@ class RNNTranslator(Translator):
             "attention_units": self.attention_units,
             "dropout": self.dropout,
             **self._tokenizer_config(),
+            "dtype": serialize_dtype_policy(self),
         }

@@ -55,6 +55,33 @@ class BackboneTask(SetattrBeforeInit):
         return backbone
 
     @staticmethod
+    def check_dtype(dtype, backbones):
+        """`dtype` for building the task's backbones (None: the global
+        policy). With backbones given they carry their own policy: a `dtype`
+        given too must be theirs (a task's layers share one policy)."""
+        if dtype is None:
+            return None
+        policy = keras.dtype_policies.get(dtype)
+        for backbone in backbones:
+            if backbone is not None and isinstance(backbone, keras.Model):
+                theirs = backbone.dtype_policy
+                if _policy_name(theirs) != _policy_name(policy):
+                    raise ValueError(
+                        "`dtype` must be the given backbone's policy "
+                        f"({_policy_name(theirs)!r}), or left out. Received: "
+                        f"dtype={_policy_name(policy)!r}"
+                    )
+        return policy
+
+    def _adopt_dtype_policy(self, backbone):
+        """Give the task its backbone's policy (the default policy of a
+        quantized backbone's `DTypePolicyMap`)."""
+        policy = backbone.dtype_policy
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            policy = policy.default_policy
+        self.dtype_policy = policy
+
+    @staticmethod
     def check_sizes_unset(init, given: dict, backbone_name: str = "backbone"):
         """A `ValueError` naming the size arguments of `given` (arguments of
         `init`) that differ from their defaults: with a backbone given, the
@@ -121,6 +148,12 @@ class BackboneTask(SetattrBeforeInit):
             return layers
         object.__setattr__(self, "_flat_file", False)
         return _flattened(layers, self.backbones)
+
+
+def _policy_name(policy) -> str:
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        policy = policy.default_policy
+    return policy.name
 
 
 def _is_flat_file(store) -> bool:

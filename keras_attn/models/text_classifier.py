@@ -155,7 +155,7 @@ class _ClassifierTask:
         tokens (default `sequence_length`), built once and kept until
         `tokenizer` is set to another one."""
         tokenizer = _task.require_tokenizer(self, "tokenizer", "classify")
-        max_length = _task.check_length(
+        max_length = v.check_positive_int(
             "max_length", max_length or self.sequence_length
         )
 
@@ -264,7 +264,11 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
         tokenizer: the tokenizer of `classify` and `export` (optional).
         backbone: a `TransformerEncoderBackbone` to put the head on (then
             leave the encoder's sizes out).
-        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+        dtype: keyword-only, the dtype policy of the backbone built here
+            and of the head (the output stays float32); with `backbone`
+            given, the backbone's policy is the task's (`dtype` may repeat
+            it). Default the global policy.
+        **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
     def __init__(
@@ -285,6 +289,7 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
         tokenizer=None,
         *,
         backbone=None,
+        dtype=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "text_classifier")
@@ -308,22 +313,29 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
             )
         v.check_choice("pooling", pooling, POOLINGS)
         v.check_rate("dropout", dropout)
-        tokenizer = _task.check_tokenizer("tokenizer", tokenizer)
+        tokenizer = v.check_tokenizer("tokenizer", tokenizer)
+        dtype = self.check_dtype(dtype, [backbone])
         if backbone is None:
-            backbone = TransformerEncoderBackbone(**sizes, dropout=dropout)
+            backbone = TransformerEncoderBackbone(**sizes, dropout=dropout, dtype=dtype)
         self.backbone = backbone
+        dtype = backbone.dtype_policy
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         x = backbone(token_ids)  # (B, T, d), Keras mask token_ids != 0
         if pooling == "mean":
-            self.pooling = MaskedAveragePooling1D(name="pooling")
+            self.pooling = MaskedAveragePooling1D(dtype=dtype, name="pooling")
         else:
-            self.pooling = AttentionPooling(backbone.embedding_dim, name="pooling")
+            self.pooling = AttentionPooling(
+                backbone.embedding_dim, dtype=dtype, name="pooling"
+            )
         pooled = self.pooling(x)  # masked mean, or attention
-        pooled = keras.layers.Dropout(dropout, name="pooled_dropout")(pooled)
+        pooled = keras.layers.Dropout(dropout, dtype=dtype, name="pooled_dropout")(
+            pooled
+        )
         probability = keras.layers.Dense(
             1, activation="sigmoid", dtype="float32", name="positive_probability"
         )(pooled)
         super().__init__(token_ids, probability, **kwargs)
+        self._adopt_dtype_policy(backbone)
         self.dropout = dropout
         self.pooling_mode = pooling
         self.tokenizer = tokenizer
@@ -433,7 +445,7 @@ class TextClassifierEnsemble(SetattrBeforeInit, _ClassifierTask, keras.Model):
                 "`members` must be a non-empty list of classifiers. Received: "
                 f"members={members!r}"
             )
-        tokenizer = _task.check_tokenizer("tokenizer", tokenizer)
+        tokenizer = v.check_tokenizer("tokenizer", tokenizer)
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         probabilities = [member(token_ids) for member in members]
         if len(members) == 1:

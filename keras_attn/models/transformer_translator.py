@@ -93,7 +93,11 @@ class TransformerTranslator(BackboneTask, Translator):
             leave the sizes out); with `shared_vocabulary=True` the decoder
             is built on the encoder's embedding and `decoder_backbone` is
             its config (a dict) or None.
-        **kwargs: `keras.Model` arguments (`name`, `dtype`, `trainable`).
+        dtype: keyword-only, the dtype policy of the backbones built here
+            (the logits stay float32); with backbones given, their policy
+            is the task's (`dtype` may repeat it; the two must agree).
+            Default the global policy.
+        **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
     def __init__(
@@ -123,6 +127,7 @@ class TransformerTranslator(BackboneTask, Translator):
         *,
         backbone=None,
         decoder_backbone=None,
+        dtype=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "transformer_translator")
@@ -145,11 +150,12 @@ class TransformerTranslator(BackboneTask, Translator):
             "source_sequence_length": source_sequence_length,
             "encoder_layer_norm_epsilon": encoder_layer_norm_epsilon,
         }
-        source_tokenizer = _task.check_tokenizer("source_tokenizer", source_tokenizer)
-        target_tokenizer = _task.check_tokenizer("target_tokenizer", target_tokenizer)
+        source_tokenizer = v.check_tokenizer("source_tokenizer", source_tokenizer)
+        target_tokenizer = v.check_tokenizer("target_tokenizer", target_tokenizer)
+        dtype = self.check_dtype(dtype, [backbone, decoder_backbone])
         if backbone is None and decoder_backbone is None:
             backbone, decoder_backbone = _backbones_of_sizes(
-                shared_vocabulary=shared_vocabulary, **sizes
+                shared_vocabulary=shared_vocabulary, dtype=dtype, **sizes
             )
         else:
             self.check_sizes_unset(
@@ -185,6 +191,7 @@ class TransformerTranslator(BackboneTask, Translator):
             logits = self.logits_layer(states)
         inputs = {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs}
         super().__init__(inputs, logits, **kwargs)
+        self._adopt_dtype_policy(decoder_backbone)
         # The same graph with the decoder's last states as a second output;
         # kept out of Keras' tracking (it holds no state of its own).
         object.__setattr__(self, "_states_model", keras.Model(inputs, [states, logits]))
@@ -496,6 +503,7 @@ def _backbones_of_sizes(
     source_sequence_length,
     encoder_layer_norm_epsilon,
     shared_vocabulary,
+    dtype=None,
 ):
     """The encoder and decoder backbones of the constructor's sizes."""
     for name, value in (
@@ -546,7 +554,11 @@ def _backbones_of_sizes(
     }
     if bert:
         encoder = TransformerEncoderBackbone(
-            **encoder_sizes, position="learned", activation="gelu", embedding_norm=True
+            **encoder_sizes,
+            position="learned",
+            activation="gelu",
+            embedding_norm=True,
+            dtype=dtype,
         )
     else:
         if shared_vocabulary:
@@ -556,6 +568,7 @@ def _backbones_of_sizes(
             position=position,
             normalize_first=normalize_first,
             **_translator_embedding_settings(source_dim),
+            dtype=dtype,
         )
     decoder = TransformerDecoderBackbone(
         **_decoder_sizes(
@@ -572,6 +585,7 @@ def _backbones_of_sizes(
             encoder_dim=source_dim,
         ),
         token_embedding=encoder.embedding if shared_vocabulary else None,
+        dtype=dtype,
     )
     return encoder, decoder
 

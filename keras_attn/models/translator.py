@@ -17,6 +17,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn import _validation as v
 from keras_attn import generation
 from keras_attn._extras import missing_extra_error
 from keras_attn.models import _task
@@ -64,12 +65,12 @@ class Translator(SetattrBeforeInit, keras.Model):
         beam search (GNMT length penalty; `beam_width=1` is greedy search).
 
         Tokens exclude the start token; they end with the end token (id 3)
-        then padding (id 0). `nearest_neighbors` (a
+        then padding (id 0), never decoded before it. `nearest_neighbors` (a
         `keras_attn.memory.NearestNeighborDecoding`) mixes its neighbours into
         every step (kNN-MT). Wrap the function in `tf.function` or `jax.jit`
         to compile it once.
         """
-        max_length = _task.check_length("max_length", max_length)
+        max_length = v.check_positive_int("max_length", max_length)
         next_fn = self._next_fn(nearest_neighbors)
 
         def decode(encoder_inputs):
@@ -93,8 +94,8 @@ class Translator(SetattrBeforeInit, keras.Model):
 
     def _next_fn(self, nearest_neighbors=None):
         if nearest_neighbors is None:
-            return self.call_with_cache
-        return _CallWithNeighbors(self, nearest_neighbors)
+            return _task.WithoutPadding(self.call_with_cache)
+        return _task.WithoutPadding(_CallWithNeighbors(self, nearest_neighbors))
 
     def translate_ids(
         self,
@@ -183,7 +184,7 @@ class Translator(SetattrBeforeInit, keras.Model):
         limit = self.max_length_limit()
         if max_length is None:
             return max(1, min(40, limit)) if limit else 40
-        max_length = _task.check_length("max_length", max_length)
+        max_length = v.check_positive_int("max_length", max_length)
         if limit is not None and max_length > limit:
             raise ValueError(
                 f"`max_length` must be at most {limit} (the model's sequence_length "
@@ -209,26 +210,24 @@ class Translator(SetattrBeforeInit, keras.Model):
     ):
         """`decoding_fn` compiled once per setting and source width
         (`tf.function` on TensorFlow, `jax.jit` on JAX) and kept for later
-        calls. `source_width` defaults to `max_length`."""
+        calls, until the weights' variables change (`quantize`).
+        `source_width` defaults to `max_length`."""
         source_width = source_width or max_length
-        key = (max_length, beam_width, float(length_penalty), id(knn), source_width)
-        # Kept out of Keras' tracking: compiled functions are not state.
-        compiled = self.__dict__.setdefault("_compiled_decodings", {})
-        if key not in compiled:
-            decode = self.decoding_fn(max_length, beam_width, length_penalty, knn)
-            backend = keras.backend.backend()
-            if backend == "tensorflow":
-                import tensorflow as tf
-
-                # One trace for every batch of this width, of any size.
-                decode = tf.function(
-                    decode,
-                    input_signature=[tf.TensorSpec([None, source_width], tf.int32)],
-                )
-            elif backend == "jax":
-                decode = _jit_reading_weights(self, decode)
-            compiled[key] = (decode, knn)  # knn kept alive: its id is the key
-        return compiled[key][0]
+        return _task.compiled(
+            self,
+            (
+                "decoding",
+                max_length,
+                beam_width,
+                float(length_penalty),
+                id(knn),
+                source_width,
+            ),
+            lambda: self.decoding_fn(max_length, beam_width, length_penalty, knn),
+            depends=(knn,),
+            # One trace for every batch of this width, of any size.
+            signature=[([None, source_width], "int32")],
+        )
 
     def evaluate_translations(
         self,
@@ -446,6 +445,8 @@ class Translator(SetattrBeforeInit, keras.Model):
         config = dict(config)
         for name in ("source_tokenizer", "target_tokenizer"):
             config[name] = _task.deserialize_tokenizer(config.get(name))
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.get(config["dtype"])
         return cls(**config)
 
 
@@ -465,22 +466,3 @@ class _CallWithNeighbors:
         return self.translator.call_with_cache(
             token_ids, cache, index, nearest_neighbors=self.nearest_neighbors
         )
-
-
-def _jit_reading_weights(model, fn):
-    """`jax.jit(fn)` that reads `model`'s weights at each call: they are
-    arguments of the compiled function (mapped onto the variables by a
-    `keras.StatelessScope`), not constants of its trace, so weights trained or
-    loaded after the first call are the ones used."""
-    import jax
-
-    variables = list(model.variables)
-
-    def stateless(values, *args):
-        with keras.StatelessScope(
-            state_mapping=list(zip(variables, values, strict=True))
-        ):
-            return fn(*args)
-
-    compiled = jax.jit(stateless)
-    return lambda *args: compiled([variable.value for variable in variables], *args)

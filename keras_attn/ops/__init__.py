@@ -10,6 +10,7 @@ from keras_attn.ops.attention import (
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (
     attention_mask_from_padding,
+    band_mask,
     causal_mask,
     combine_masks,
     padding_mask,
@@ -34,6 +35,7 @@ __all__ = [
     "additive_score_from_projections",
     "attention_mask_from_padding",
     "attention_path",
+    "band_mask",
     "causal_mask",
     "combine_masks",
     "concat_score",

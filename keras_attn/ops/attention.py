@@ -15,10 +15,9 @@ import keras
 from keras import ops
 
 from keras_attn.ops.masks import (
-    causal_mask,
+    band_mask,
     combine_masks,
     padding_mask,
-    sliding_window_mask,
 )
 from keras_attn.ops.memory_efficient_attention import (
     alibi_bias,
@@ -626,17 +625,13 @@ def _combined(query, key, mask, components):
     the AND of `mask`, the key and query padding, the causal mask and the
     sliding window (with the offset)."""
     query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
-    offset = components["causal_offset"]
-    band = None
-    if components["causal"]:
-        band = causal_mask(query_length, key_length, offset)  # (Tq, Tk)
-    if components["sliding_window"] is not None:
-        band = combine_masks(
-            band,
-            sliding_window_mask(
-                query_length, key_length, components["sliding_window"], offset
-            ),
-        )  # (Tq, Tk)
+    band = band_mask(
+        query_length,
+        key_length,
+        components["causal"],
+        components["sliding_window"],
+        components["causal_offset"],
+    )  # (Tq, Tk) or None
     key_padding = components["key_padding_mask"]
     query_padding = components["query_padding_mask"]
     return combine_masks(

@@ -105,6 +105,26 @@ def sliding_window_mask(query_length, key_length=None, window: int = 1, offset=0
     return ops.less(distance, window)
 
 
+def band_mask(query_length, key_length=None, causal=False, window=None, offset=0):
+    """The causal mask and the sliding window together, or `None`.
+
+    `causal_mask` when `causal`, AND `sliding_window_mask` when `window` is
+    set, both at `offset` (a cache's write index); `None` when neither is
+    asked (no band).
+
+    Returns:
+        Boolean tensor of shape `(Tq, Tk)`, or `None`.
+    """
+    band = None
+    if causal:
+        band = causal_mask(query_length, key_length, offset)
+    if window is not None:
+        band = combine_masks(
+            band, sliding_window_mask(query_length, key_length, window, offset)
+        )
+    return band
+
+
 def combine_masks(*masks):
     """Logical AND of boolean masks that broadcast together; `None`s are skipped.
 

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from keras_attn import _validation as v
 from keras_attn.datasets.splits import Document
 from keras_attn.text.preprocessors import pack_target
 from keras_attn.text.tokenizer import SubwordTokenizer
@@ -618,7 +619,4 @@ def _lines(texts) -> list[str]:
 
 def _check_lengths(**values):
     for name, value in values.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"`{name}` must be a positive int. Received: {name}={value!r}"
-            )
+        v.check_positive_int(name, value)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_attn import _validation as v
 from keras_attn.text.vocabulary import END_ID, PAD_ID, START_ID
 
 
@@ -40,21 +41,6 @@ def pack_target(target_ids, target_length: int):
 
 def _dense(ids, length: int):
     return ids[:, :length].to_tensor(default_value=PAD_ID, shape=[None, length])
-
-
-def _check_length(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
-    return value
-
-
-def _check_tokenizer(name: str, tokenizer):
-    if not (hasattr(tokenizer, "tokenize") and hasattr(tokenizer, "get_config")):
-        raise ValueError(
-            f"`{name}` must be a keras_attn tokenizer (SubwordTokenizer, "
-            f"WordPieceTokenizer). Received: {name}={tokenizer!r}"
-        )
-    return tokenizer
 
 
 class _Preprocessor(keras.layers.Layer):
@@ -89,8 +75,8 @@ class TextClassifierPreprocessor(_Preprocessor):
 
     def __init__(self, tokenizer, sequence_length: int, **kwargs):
         super().__init__(**kwargs)
-        self.tokenizer = _check_tokenizer("tokenizer", tokenizer)
-        self.sequence_length = _check_length("sequence_length", sequence_length)
+        self.tokenizer = v.check_tokenizer("tokenizer", tokenizer, allow_none=False)
+        self.sequence_length = v.check_positive_int("sequence_length", sequence_length)
         config = {**tokenizer.get_config(), "sequence_length": sequence_length}
         self._dense_tokenizer = type(tokenizer).from_config(config)
 
@@ -122,8 +108,8 @@ class LanguageModelPreprocessor(_Preprocessor):
 
     def __init__(self, tokenizer, sequence_length: int, **kwargs):
         super().__init__(**kwargs)
-        self.tokenizer = _check_tokenizer("tokenizer", tokenizer)
-        self.sequence_length = _check_length("sequence_length", sequence_length)
+        self.tokenizer = v.check_tokenizer("tokenizer", tokenizer, allow_none=False)
+        self.sequence_length = v.check_positive_int("sequence_length", sequence_length)
 
     def call(self, x, y=None, sample_weight=None):
         if y is not None or sample_weight is not None:
@@ -171,10 +157,14 @@ class TranslatorPreprocessor(_Preprocessor):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.source_tokenizer = _check_tokenizer("source_tokenizer", source_tokenizer)
-        self.target_tokenizer = _check_tokenizer("target_tokenizer", target_tokenizer)
-        self.source_length = _check_length("source_length", source_length)
-        self.target_length = _check_length("target_length", target_length)
+        self.source_tokenizer = v.check_tokenizer(
+            "source_tokenizer", source_tokenizer, allow_none=False
+        )
+        self.target_tokenizer = v.check_tokenizer(
+            "target_tokenizer", target_tokenizer, allow_none=False
+        )
+        self.source_length = v.check_positive_int("source_length", source_length)
+        self.target_length = v.check_positive_int("target_length", target_length)
 
     def call(self, x, y=None, sample_weight=None):
         if isinstance(x, dict):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import keras
 
+from keras_attn import _validation as v
+
 
 class TimeBudget(keras.callbacks.Callback):
     """Stops training once `minutes` of wall-clock training time are spent.
@@ -210,11 +212,7 @@ class StopAtStep(keras.callbacks.Callback):
 
     def __init__(self, steps: int):
         super().__init__()
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(
-                f"`steps` must be a positive int. Received: steps={steps!r}"
-            )
-        self.steps = steps
+        self.steps = v.check_positive_int("steps", steps)
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations.numpy()) >= self.steps:

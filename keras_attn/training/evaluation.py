@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
+from keras_attn import _validation as v
+
 
 def bits_per_character(nats: float, characters: int) -> float:
     """`nats` (a negative log-likelihood in natural log) per character, in
@@ -229,5 +231,4 @@ def choose_knn_decoding(
 
 
 def _check_count(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+    v.check_positive_int(name, value)

@@ -266,3 +266,28 @@ def test_stream_log_probs_follow_the_token_stream(tmp_path):
     plain = model.stream_log_probs(dataset)
     assert "states" not in plain
     np.testing.assert_allclose(plain["log_probs"], scores["log_probs"], atol=1e-6)
+
+
+def test_generation_never_decodes_the_padding_id():
+    """A model whose likeliest next token is the padding id continues with
+    its likeliest other token: a decoded 0 would be padding to the model's
+    mask in a full pass but a token to the KV cache."""
+    model = TransformerLanguageModel(
+        30, sequence_length=10, embedding_dim=16, num_layers=1, num_heads=2,
+        intermediate_dim=32, tie_embeddings=False,
+    )  # fmt: skip
+    bias = np.zeros(30, "float32")
+    bias[0] = 100.0  # padding far ahead of every other id
+    model.logits_layer.bias.assign(bias)
+    prompt = np.array([[1, 7, 8, 9], [1, 5, 0, 0]], "int32")
+    tokens = keras.ops.convert_to_numpy(
+        model.generate_ids(
+            prompt, 10, prompt_lengths=np.array([4, 2]), end_token_id=None
+        )
+    )
+    for row, length in enumerate((4, 2)):
+        assert np.all(tokens[row, length:] != 0)
+        for position in range(length, 10):
+            logits = keras.ops.convert_to_numpy(model(tokens[row : row + 1, :position]))
+            assert np.argmax(logits[0, -1]) == 0
+            assert tokens[row, position] == 1 + np.argmax(logits[0, -1, 1:])

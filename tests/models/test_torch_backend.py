@@ -85,7 +85,8 @@ def test_the_classifier_builds_fits_classifies_and_reloads(tmp_path):
 
 def test_the_language_model_generates_greedily_as_its_forward_pass(tmp_path):
     """Greedy decoding over the KV cache takes the full pass's argmax at
-    each step (the cache and the full pass agree on this backend)."""
+    each step, among the ids other than padding (the cache and the full pass
+    agree on this backend)."""
     model = TransformerLanguageModel(
         vocabulary_size=30, sequence_length=10, num_layers=2, **SIZES
     )
@@ -100,7 +101,7 @@ def test_the_language_model_generates_greedily_as_its_forward_pass(tmp_path):
         np.testing.assert_array_equal(tokens[row, :length], prompt[row, :length])
         for position in range(length, 10):
             logits = _numpy(model(tokens[row : row + 1, :position]))
-            assert tokens[row, position] == np.argmax(logits[0, -1])
+            assert tokens[row, position] == 1 + np.argmax(logits[0, -1, 1:])
     scores = _numpy(model.score_ids(tokens)["log_likelihood"])
     assert scores.shape == (2,) and np.all(np.isfinite(scores)) and np.all(scores < 0)
     reloaded = _saved_and_loaded(model, tmp_path).score_ids(tokens)

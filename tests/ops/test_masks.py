@@ -5,6 +5,7 @@ import pytest
 
 from keras_attn.ops import (
     attention_mask_from_padding,
+    band_mask,
     causal_mask,
     combine_masks,
     padding_mask,
@@ -77,6 +78,24 @@ def test_sliding_window_mask_is_a_band_around_each_query(offset):
     expected = np.abs(query_positions - np.arange(6)[None, :]) < 2
     np.testing.assert_array_equal(mask, expected)
     assert mask.sum(-1).tolist() == ([2, 3, 3] if offset == 0 else [3, 3, 3])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [None, 1, 3])
+@pytest.mark.parametrize("offset", [0, 2])
+def test_band_mask_is_the_causal_mask_and_the_window_together(causal, window, offset):
+    band = band_mask(4, 7, causal=causal, window=window, offset=offset)
+    if not causal and window is None:
+        assert band is None
+        return
+    query_positions = np.arange(4)[:, None] + offset
+    key_positions = np.arange(7)[None, :]
+    expected = np.ones((4, 7), bool)
+    if causal:
+        expected &= key_positions <= query_positions
+    if window is not None:
+        expected &= np.abs(query_positions - key_positions) < window
+    np.testing.assert_array_equal(to_numpy(band), expected)
 
 
 def _as_scores(mask):

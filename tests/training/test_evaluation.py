@@ -23,7 +23,7 @@ def test_bits_per_character_and_perplexity_by_hand():
 @pytest.mark.parametrize("call", [training.bits_per_character, training.perplexity])
 @pytest.mark.parametrize("count", [0, -3, 2.5, True])
 def test_counts_must_be_positive_ints(call, count):
-    with pytest.raises(ValueError, match=r"must be a positive int\. Received: "):
+    with pytest.raises(ValueError, match=r"must be a positive integer\. Received: "):
         call(1.0, count)
 
 
