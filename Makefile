@@ -4,10 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Two pytest-xdist workers: much of a test's time is single-threaded tracing
-# and compiling. On a 2-core AMD EPYC (AVX-512 BF16, no AMX), 2026-11-28: the
-# TensorFlow run 23:27 (other work on the cores in its first minutes), the
-# JAX run 12:47 with the property tests (about 3 minutes of them, since moved
-# to test-backends), test-torch 5:40. PYTEST_WORKERS=0 runs in one process.
+# and compiling. On a 2-core AMD EPYC (AVX-512 BF16, no AMX), 2026-11-28,
+# `make test` on an idle machine: 26:17 (the TensorFlow run 16:34, the JAX
+# run 9:34), over the 20-minute target; test-torch 5:40.
+# PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS)
 # Op, layer, decoding and memory tests run a second time on the JAX backend.

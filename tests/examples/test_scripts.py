@@ -146,6 +146,14 @@ def test_translate_smoke(tmp_path):
         FIXTURES / "de_en_pairs.tsv",
         "--knn",
         "--export-knn",
+        # A small grid (the default is 3 x 3 x 5): the choice and its
+        # wiring are what is tested here.
+        "--knn-k",
+        "2,4",
+        "--knn-temperature",
+        "10",
+        "--knn-lambda",
+        "0.2,0.4",
         "--out",
         out,
     )
@@ -164,7 +172,10 @@ def test_translate_smoke(tmp_path):
     # kNN-MT: every setting scored on the validation references, the best
     # (lowest loss) chosen, both splits decoded with it.
     trials = metrics["knn_validation_trials"]
-    assert len(trials) == 3 * 3 * 5  # --knn-k x --knn-temperature x --knn-lambda
+    assert len(trials) == 2 * 1 * 2  # --knn-k x --knn-temperature x --knn-lambda
+    assert {(t["k"], t["temperature"], t["lambda"]) for t in trials} == {
+        (k, 10.0, weight) for k in (2, 4) for weight in (0.2, 0.4)
+    }
     chosen = metrics["knn"]
     assert chosen["validation_nats_per_token"] == min(
         trial["validation_nats_per_token"] for trial in trials
