@@ -22,6 +22,9 @@ from keras_attn.layers.transformer_encoder_block import (
     TransformerEncoderBlock,
 )
 
+# Registers the classes that read the blocks of files saved by keras-attn 0.2.
+from keras_attn import _compat_0_2  # noqa: F401  isort: skip
+
 __all__ = [
     "AlibiBias",
     "AttentionPooling",

@@ -16,19 +16,12 @@ holds it, and a layer inside a functional model after its class name). A
 block has no public attribute that holds a sublayer: the saver would name the
 group after it.
 
-`legacy_block_class` makes the classes that read `.keras` files saved before
-that structure (classes `TransformerEncoderBlock` / `TransformerDecoderBlock`
-with public sublayer attributes). The models, which build their blocks
-themselves, record `block_structure_config()` in their configs and build
-their blocks with `block_class` inside `blocks_of_config(config)`: a config
-saved before (without the entry) gets blocks of the old structure, so the
-weights of its `.keras` file load.
+The classes that read `.keras` files saved before that structure are in
+`keras_attn._compat_0_2`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import numbers
 
 import keras
@@ -304,91 +297,3 @@ class TransformerBlockBase(keras.layers.Layer):
                 config[name] = getattr(self, name)
         # Quantized sublayers keep their policies through save/load.
         return with_quantized_policies(self, config)
-
-
-# A model config records this entry when its blocks have keras-hub's
-# structure; model configs saved by keras-attn 0.2 and earlier lack it.
-BLOCK_STRUCTURE_KEY = "block_structure"
-_KERAS_HUB_STRUCTURE = "keras_hub"
-_old_structure = contextvars.ContextVar("keras_attn_old_block_structure", default=False)
-_LEGACY_CLASSES: dict = {}  # block class -> the class of the old structure
-
-
-def block_structure_config(blocks) -> dict:
-    """The entry of a model's config that says its `blocks` are keras-hub's;
-    none (the old configs' form) when they are of the old structure (a model
-    loaded from an old file saves in its old layout again)."""
-    legacy_classes = tuple(_LEGACY_CLASSES.values())
-    if any(isinstance(block, legacy_classes) for block in blocks):
-        return {}
-    return {BLOCK_STRUCTURE_KEY: _KERAS_HUB_STRUCTURE}
-
-
-@contextlib.contextmanager
-def blocks_of_config(config: dict):
-    """Build a model's blocks in the structure its (saved) `config` names.
-
-    Pops the `block_structure` entry from `config`; inside the context,
-    `block_class` gives the classes of the old structure when the entry is
-    missing (a model saved by keras-attn 0.2 or earlier), so the weights of
-    that model's `.keras` file load.
-    """
-    structure = config.pop(BLOCK_STRUCTURE_KEY, None)
-    if structure not in (None, _KERAS_HUB_STRUCTURE):
-        raise ValueError(
-            f"`{BLOCK_STRUCTURE_KEY}` must be {_KERAS_HUB_STRUCTURE!r} (or absent "
-            f"in configs saved by keras-attn 0.2). Received: "
-            f"{BLOCK_STRUCTURE_KEY}={structure!r}"
-        )
-    token = _old_structure.set(structure is None)
-    try:
-        yield
-    finally:
-        _old_structure.reset(token)
-
-
-def block_class(cls):
-    """`cls`, or its class of the old structure inside `blocks_of_config` of
-    an old config."""
-    return _LEGACY_CLASSES[cls] if _old_structure.get() else cls
-
-
-def legacy_block_class(current_class, name: str, attributes: dict):
-    """The class that loads `.keras` files saved before keras-hub's structure.
-
-    Until keras-attn 0.2 the blocks were classes named `name`
-    (`TransformerEncoderBlock`, `TransformerDecoderBlock`) that held their
-    sublayers in public attributes; their `.keras` files name
-    `keras_attn>{name}` and store the weights in groups named after that
-    class and those attributes. The returned subclass of `current_class` is
-    registered under that name, is named `name` (the group of a layer in a
-    functional model) and has the old public attributes as read-only
-    properties (Keras's saver visits public attributes first), so such
-    files load, and save again, in their own layout. New code uses
-    `current_class` (the public `TransformerEncoderBlock` and
-    `TransformerDecoderBlock` are aliases of it).
-
-    Args:
-        current_class: the block class.
-        name: the old class name.
-        attributes: old public attribute name -> current private one.
-    """
-
-    def alias(private_name):
-        return property(
-            lambda self: getattr(self, private_name, None),
-            doc=f"The sublayer `{private_name}` (layout of old `.keras` files).",
-        )
-
-    namespace = {old: alias(private) for old, private in attributes.items()}
-    namespace["__doc__"] = (
-        f"`{current_class.__name__}` in the layout of the `.keras` files that "
-        f"keras-attn 0.2 and earlier saved (class `{name}`)."
-    )
-    namespace["__module__"] = current_class.__module__
-    legacy = type(name, (current_class,), namespace)
-    legacy.__qualname__ = f"_Legacy{name}"
-    _LEGACY_CLASSES[current_class] = legacy
-    return keras.saving.register_keras_serializable(package="keras_attn", name=name)(
-        legacy
-    )

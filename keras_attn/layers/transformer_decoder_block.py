@@ -10,7 +10,6 @@ from keras import ops
 from keras_attn import _validation as v
 from keras_attn.layers._transformer_block import (
     TransformerBlockBase,
-    legacy_block_class,
 )
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
@@ -588,21 +587,3 @@ class TransformerDecoder(TransformerBlockBase):
 
 # The public second name of the class (keras-attn's names of the blocks).
 TransformerDecoderBlock = TransformerDecoder
-
-# Reads the `.keras` files that name `keras_attn>TransformerDecoderBlock`.
-_LegacyTransformerDecoderBlock = legacy_block_class(
-    TransformerDecoder,
-    "TransformerDecoderBlock",
-    {
-        "self_attention": "_self_attention_layer",
-        "self_attention_layer_norm": "_self_attention_layer_norm",
-        "self_attention_dropout": "_self_attention_dropout",
-        "cross_attention": "_cross_attention_layer",
-        "cross_attention_layer_norm": "_cross_attention_layer_norm",
-        "cross_attention_dropout": "_cross_attention_dropout",
-        "feedforward_intermediate_dense": "_feedforward_intermediate_dense",
-        "feedforward_output_dense": "_feedforward_output_dense",
-        "feedforward_layer_norm": "_feedforward_layer_norm",
-        "feedforward_dropout": "_feedforward_dropout",
-    },
-)

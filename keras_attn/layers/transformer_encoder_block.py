@@ -8,7 +8,6 @@ import keras
 from keras_attn import _validation as v
 from keras_attn.layers._transformer_block import (
     TransformerBlockBase,
-    legacy_block_class,
 )
 from keras_attn.layers.multi_head_self_attention import MultiHeadSelfAttention
 from keras_attn.ops.masks import combine_masks
@@ -189,18 +188,3 @@ class TransformerEncoder(TransformerBlockBase):
 
 # The public second name of the class (keras-attn's names of the blocks).
 TransformerEncoderBlock = TransformerEncoder
-
-# Reads the `.keras` files that name `keras_attn>TransformerEncoderBlock`.
-_LegacyTransformerEncoderBlock = legacy_block_class(
-    TransformerEncoder,
-    "TransformerEncoderBlock",
-    {
-        "self_attention": "_self_attention_layer",
-        "self_attention_layer_norm": "_self_attention_layer_norm",
-        "self_attention_dropout": "_self_attention_dropout",
-        "feedforward_layer_norm": "_feedforward_layer_norm",
-        "feedforward_intermediate_dense": "_feedforward_intermediate_dense",
-        "feedforward_output_dense": "_feedforward_output_dense",
-        "feedforward_dropout": "_feedforward_dropout",
-    },
-)

@@ -26,7 +26,7 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import (
+from keras_attn._compat_0_2 import (
     block_class,
     block_structure_config,
     blocks_of_config,
@@ -67,8 +67,8 @@ def serialize_dtype_policy(model) -> dict:
 
 class _Backbone(SetattrBeforeInit, keras.Model):
     """What the backbones share: the embedding's name for tied heads
-    (`token_embedding`, as keras-hub's `Backbone`), the blocks, a config
-    of their constructor arguments, and the dtype policy.
+    (`token_embedding`, as keras-hub's `Backbone`), the blocks, the config
+    entries every backbone has, and the dtype policy.
 
     As keras-hub's `Backbone`: each subclass hands `dtype` to every layer it
     builds and then to this constructor, which sets the model's policy;
@@ -81,39 +81,40 @@ class _Backbone(SetattrBeforeInit, keras.Model):
         if dtype is not None:
             self.dtype_policy = keras.dtype_policies.get(dtype)
 
-    def _make_embedding(self, embedding, dtype):
-        if embedding is not None:
-            return embedding
-        position = self._backbone_config["position"]
+    @staticmethod
+    def _make_embedding(
+        vocabulary_size,
+        sequence_length,
+        embedding_dim,
+        position,
+        scale_embeddings,
+        embeddings_initializer,
+        dtype,
+    ):
         return TokenAndPositionEmbedding(
-            self._backbone_config["vocabulary_size"],
-            self._backbone_config["sequence_length"],
-            self._backbone_config["embedding_dim"],
+            vocabulary_size,
+            sequence_length,
+            embedding_dim,
             position=(
                 position if position in ABSOLUTE_POSITIONS else None
             ),  # rotary / ALiBi: token embeddings alone
             mask_zero=True,
             position_initializer="glorot_uniform",
-            scale_embeddings=self._backbone_config["scale_embeddings"],
-            embeddings_initializer=keras.initializers.get(
-                self._backbone_config["embeddings_initializer"]
-            ),
+            scale_embeddings=scale_embeddings,
+            embeddings_initializer=keras.initializers.get(embeddings_initializer),
             dtype=dtype,
             name="embedding",
         )
 
-    def _attention_options(self, num_key_value_heads, sliding_window) -> dict:
+    @staticmethod
+    def _attention_options(position, num_key_value_heads, sliding_window) -> dict:
         """The blocks' attention options that were set (grouped-query heads,
-        rotary / ALiBi positions, the window), recorded in the config only
-        then, so configs written before them read the same (the blocks
-        check the values)."""
-        position = self._backbone_config["position"]
+        rotary / ALiBi positions, the window); the blocks check the values."""
         options = {
             "num_key_value_heads": num_key_value_heads,
             "sliding_window": sliding_window,
         }
         options = {name: value for name, value in options.items() if value is not None}
-        self._backbone_config.update(options)
         if position not in ABSOLUTE_POSITIONS:
             options["position"] = position
         return options
@@ -122,15 +123,6 @@ class _Backbone(SetattrBeforeInit, keras.Model):
     def token_embedding(self):
         """The `TokenAndPositionEmbedding` (`reverse=True` gives tied logits)."""
         return self.embedding
-
-    def __getattr__(self, name):
-        # The constructor arguments, read-only (`backbone.num_heads`).
-        config = self.__dict__.get("_backbone_config")
-        if config is not None and name in config:
-            return config[name]
-        raise AttributeError(
-            f"'{type(self).__name__}' object has no attribute '{name}'"
-        )
 
     # keras-hub's static `get_layout_map(device_mesh, model_parallel_dim_name,
     # data_parallel_dim_name)`, with `fsdp`: `keras_attn.models.layouts`.
@@ -153,16 +145,24 @@ class _Backbone(SetattrBeforeInit, keras.Model):
         return load_backbone(cls, preset, load_weights=load_weights, **kwargs)
 
     def get_config(self):
-        config = {
+        # Not Functional's config (its layer graph): the constructor's
+        # arguments, as keras-hub's `Backbone.get_config`; subclasses add
+        # theirs.
+        return {
             "name": self.name,
             "trainable": self.trainable,
-            **self._backbone_config,
             "dtype": serialize_dtype_policy(self),
+            **block_structure_config(self.blocks),
         }
-        config["embeddings_initializer"] = keras.initializers.serialize(
-            keras.initializers.get(config["embeddings_initializer"])
-        )
-        return {**config, **block_structure_config(self.blocks)}
+
+    def _attention_config(self) -> dict:
+        """The attention options, recorded only when set (configs written
+        before them read the same)."""
+        return {
+            name: getattr(self, name)
+            for name in ("num_key_value_heads", "sliding_window")
+            if getattr(self, name) is not None
+        }
 
     @classmethod
     def from_config(cls, config):
@@ -233,26 +233,21 @@ class TransformerEncoderBackbone(_Backbone):
     ):
         kwargs.setdefault("name", "encoder_backbone")
         _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position)
-        self._backbone_config = {
-            "vocabulary_size": vocabulary_size,
-            "sequence_length": sequence_length,
-            "embedding_dim": embedding_dim,
-            "num_layers": num_layers,
-            "num_heads": num_heads,
-            "intermediate_dim": intermediate_dim,
-            "dropout": dropout,
-            "position": position,
-            "normalize_first": normalize_first,
-            "activation": activation,
-            "layer_norm_epsilon": layer_norm_epsilon,
-            "embedding_norm": embedding_norm,
-            "scale_embeddings": scale_embeddings,
-            "embeddings_initializer": embeddings_initializer,
-        }
-        attention = self._attention_options(num_key_value_heads, sliding_window)
+        attention = self._attention_options(
+            position, num_key_value_heads, sliding_window
+        )
+        # === Layers and functional model ===
         with keras.name_scope(kwargs["name"]):
             token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-            self.embedding = self._make_embedding(None, dtype)
+            self.embedding = self._make_embedding(
+                vocabulary_size,
+                sequence_length,
+                embedding_dim,
+                position,
+                scale_embeddings,
+                embeddings_initializer,
+                dtype,
+            )
             x = self.embedding(token_ids)  # (B, T, d), masked token_ids != 0
             self.embedding_norm = None
             if embedding_norm:
@@ -283,6 +278,47 @@ class TransformerEncoderBackbone(_Backbone):
                 )
                 x = self.final_norm(x)
         super().__init__(token_ids, x, dtype=dtype, **kwargs)
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.position = position
+        self.normalize_first = normalize_first
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.scale_embeddings = scale_embeddings
+        self.embeddings_initializer = keras.initializers.serialize(
+            keras.initializers.get(embeddings_initializer)
+        )
+        self.num_key_value_heads = num_key_value_heads
+        self.sliding_window = sliding_window
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocabulary_size": self.vocabulary_size,
+            "sequence_length": self.sequence_length,
+            "embedding_dim": self.embedding_dim,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "dropout": self.dropout,
+            "position": self.position,
+            "normalize_first": self.normalize_first,
+            "activation": self.activation,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            # `embedding_norm` is the layer (or None); the argument is
+            # whether there is one.
+            "embedding_norm": self.embedding_norm is not None,
+            "scale_embeddings": self.scale_embeddings,
+            "embeddings_initializer": self.embeddings_initializer,
+            **self._attention_config(),
+        }
 
     @classmethod
     def from_bert(cls, checkpoint, dropout: float = 0.1, **kwargs):
@@ -421,23 +457,10 @@ class TransformerDecoderBackbone(_Backbone):
                 "`token_embedding` must be a TokenAndPositionEmbedding or None. "
                 f"Received: token_embedding={token_embedding!r}"
             )
-        self._backbone_config = {
-            "vocabulary_size": vocabulary_size,
-            "sequence_length": sequence_length,
-            "embedding_dim": embedding_dim,
-            "num_layers": num_layers,
-            "num_heads": num_heads,
-            "intermediate_dim": intermediate_dim,
-            "dropout": dropout,
-            "position": position,
-            "normalize_first": normalize_first,
-            "cross_attention": cross_attention,
-            "encoder_dim": encoder_dim,
-            "layer_norm_epsilon": layer_norm_epsilon,
-            "scale_embeddings": scale_embeddings,
-            "embeddings_initializer": embeddings_initializer,
-        }
-        attention = self._attention_options(num_key_value_heads, sliding_window)
+        attention = self._attention_options(
+            position, num_key_value_heads, sliding_window
+        )
+        # === Layers and functional model ===
         with keras.name_scope(kwargs["name"]):
             token_ids = keras.Input((None,), dtype="int32", name="token_ids")
             inputs = token_ids
@@ -454,7 +477,19 @@ class TransformerDecoderBackbone(_Backbone):
                     "encoder_sequence_output": encoder_states,
                     "encoder_padding_mask": encoder_mask,
                 }
-            self.embedding = self._make_embedding(token_embedding, dtype)
+            self.embedding = (
+                token_embedding
+                if token_embedding is not None
+                else self._make_embedding(
+                    vocabulary_size,
+                    sequence_length,
+                    embedding_dim,
+                    position,
+                    scale_embeddings,
+                    embeddings_initializer,
+                    dtype,
+                )
+            )
             x = self.embedding(token_ids)  # (B, T, d), masked token_ids != 0
             x = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")(x)
             self.blocks = []
@@ -481,3 +516,43 @@ class TransformerDecoderBackbone(_Backbone):
                 )
                 x = self.final_norm(x)
         super().__init__(inputs, x, dtype=dtype, **kwargs)
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.position = position
+        self.normalize_first = normalize_first
+        self.cross_attention = cross_attention
+        self.encoder_dim = encoder_dim
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.scale_embeddings = scale_embeddings
+        self.embeddings_initializer = keras.initializers.serialize(
+            keras.initializers.get(embeddings_initializer)
+        )
+        self.num_key_value_heads = num_key_value_heads
+        self.sliding_window = sliding_window
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocabulary_size": self.vocabulary_size,
+            "sequence_length": self.sequence_length,
+            "embedding_dim": self.embedding_dim,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "dropout": self.dropout,
+            "position": self.position,
+            "normalize_first": self.normalize_first,
+            "cross_attention": self.cross_attention,
+            "encoder_dim": self.encoder_dim,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "scale_embeddings": self.scale_embeddings,
+            "embeddings_initializer": self.embeddings_initializer,
+            **self._attention_config(),
+        }

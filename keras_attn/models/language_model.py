@@ -164,12 +164,8 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
     dropout = property(lambda self: self.backbone.dropout)
     normalize_first = property(lambda self: self.backbone.normalize_first)
     position = property(lambda self: self.backbone.position)
-    num_key_value_heads = property(
-        lambda self: self.backbone._backbone_config.get("num_key_value_heads")
-    )
-    sliding_window = property(
-        lambda self: self.backbone._backbone_config.get("sliding_window")
-    )
+    num_key_value_heads = property(lambda self: self.backbone.num_key_value_heads)
+    sliding_window = property(lambda self: self.backbone.sliding_window)
 
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict` on token ids (raw strings: `score`, `generate`)."""

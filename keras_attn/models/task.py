@@ -9,9 +9,7 @@ methods of its kind. This module gives the tasks:
 - `save_to_preset(directory)` / `from_preset(directory)` in keras-hub's
   preset layout (`keras_attn.models.presets`);
 - the loading of files saved before the backbones (keras-attn 0.2 and
-  earlier), whose weights sit in the task's own groups: their layout is
-  read from the file, so `keras.saving.load_model` and `load_weights` load
-  them, and the task saves in the current layout afterwards.
+  earlier), through `keras_attn._compat_0_2.FilesBeforeBackbones`.
 
 Imports no TensorFlow.
 """
@@ -22,13 +20,13 @@ import inspect
 
 import keras
 
-from keras_attn.layers._transformer_block import blocks_of_config
+from keras_attn._compat_0_2 import FilesBeforeBackbones, blocks_of_config
 from keras_attn.models import _task
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models.layouts import layout_map
 
 
-class BackboneTask(SetattrBeforeInit):
+class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
     """Mixin of the tasks built on backbones (put first in the bases).
 
     Subclasses set `backbone` (and any other backbone, listed by
@@ -132,62 +130,11 @@ class BackboneTask(SetattrBeforeInit):
 
         return load_task(cls, preset, load_weights=load_weights, **kwargs)
 
-    # -- files of the layout before backbones -----------------------------------
-
-    def load_own_variables(self, store):
-        super().load_own_variables(store)
-        # Keras's loader calls this on the task first, then walks `layers`:
-        # a file with the embedding at its top level was saved before the
-        # backbones, so that walk gets the backbones' layers in their place.
-        object.__setattr__(self, "_flat_file", _is_flat_file(store))
-
-    @property
-    def layers(self):
-        layers = super().layers
-        if not self.__dict__.get("_flat_file"):
-            return layers
-        object.__setattr__(self, "_flat_file", False)
-        return _flattened(layers, self.backbones)
-
 
 def _policy_name(policy) -> str:
     if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
         policy = policy.default_policy
     return policy.name
-
-
-def _is_flat_file(store) -> bool:
-    """Whether the task's group in a weights file (Keras's `H5IOStore`, at
-    the task's path: the root, or a member's group in an ensemble) holds the
-    embedding itself, not a backbone's group."""
-    h5_file = getattr(store, "h5_file", None)
-    if h5_file is None:
-        return False
-    path = getattr(store, "_h5_entry_path", None) or ""
-    group = h5_file[path] if path and path in h5_file else h5_file
-    if path and path not in h5_file:
-        return False
-    return "layers" in group and "token_and_position_embedding" in group["layers"]
-
-
-def _flattened(layers, backbones) -> list:
-    """`layers` with each backbone replaced by its own layers (its inputs
-    left out), each layer once: the task's layers as a task built without
-    backbones had them, class by class in the same order."""
-    found, seen = [], set()
-    for layer in layers:
-        inner = [layer]
-        if any(layer is backbone for backbone in backbones):
-            inner = [
-                sublayer
-                for sublayer in layer.layers
-                if not isinstance(sublayer, keras.layers.InputLayer)
-            ]
-        for sublayer in inner:
-            if id(sublayer) not in seen:
-                seen.add(id(sublayer))
-                found.append(sublayer)
-    return found
 
 
 def deserialize_backbone(config, **extra):

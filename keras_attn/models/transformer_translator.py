@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers._transformer_block import blocks_of_config
+from keras_attn._compat_0_2 import blocks_of_config
 from keras_attn.models import _task
 from keras_attn.models.backbones import (
     TransformerDecoderBackbone,
