@@ -144,25 +144,68 @@ class _Backbone(SetattrBeforeInit, keras.Model):
 
         return load_backbone(cls, preset, load_weights=load_weights, **kwargs)
 
+    def _set_config(
+        self,
+        vocabulary_size,
+        sequence_length,
+        embedding_dim,
+        num_layers,
+        num_heads,
+        intermediate_dim,
+        dropout,
+        position,
+        normalize_first,
+        layer_norm_epsilon,
+        scale_embeddings,
+        embeddings_initializer,
+        num_key_value_heads,
+        sliding_window,
+    ):
+        """The constructor arguments both backbones take, as attributes."""
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.position = position
+        self.normalize_first = normalize_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.scale_embeddings = scale_embeddings
+        self.embeddings_initializer = keras.initializers.serialize(
+            keras.initializers.get(embeddings_initializer)
+        )
+        self.num_key_value_heads = num_key_value_heads
+        self.sliding_window = sliding_window
+
     def get_config(self):
         # Not Functional's config (its layer graph): the constructor's
         # arguments, as keras-hub's `Backbone.get_config`; subclasses add
-        # theirs.
-        return {
+        # theirs. The attention options only when set (configs written
+        # before them read the same).
+        config = {
             "name": self.name,
             "trainable": self.trainable,
             "dtype": serialize_dtype_policy(self),
             **block_structure_config(self.blocks),
+            "vocabulary_size": self.vocabulary_size,
+            "sequence_length": self.sequence_length,
+            "embedding_dim": self.embedding_dim,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "dropout": self.dropout,
+            "position": self.position,
+            "normalize_first": self.normalize_first,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "scale_embeddings": self.scale_embeddings,
+            "embeddings_initializer": self.embeddings_initializer,
         }
-
-    def _attention_config(self) -> dict:
-        """The attention options, recorded only when set (configs written
-        before them read the same)."""
-        return {
-            name: getattr(self, name)
-            for name in ("num_key_value_heads", "sliding_window")
-            if getattr(self, name) is not None
-        }
+        for name in ("num_key_value_heads", "sliding_window"):
+            if getattr(self, name) is not None:
+                config[name] = getattr(self, name)
+        return config
 
     @classmethod
     def from_config(cls, config):
@@ -280,44 +323,31 @@ class TransformerEncoderBackbone(_Backbone):
         super().__init__(token_ids, x, dtype=dtype, **kwargs)
 
         # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
-        self.position = position
-        self.normalize_first = normalize_first
-        self.activation = activation
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.scale_embeddings = scale_embeddings
-        self.embeddings_initializer = keras.initializers.serialize(
-            keras.initializers.get(embeddings_initializer)
+        self._set_config(
+            vocabulary_size,
+            sequence_length,
+            embedding_dim,
+            num_layers,
+            num_heads,
+            intermediate_dim,
+            dropout,
+            position,
+            normalize_first,
+            layer_norm_epsilon,
+            scale_embeddings,
+            embeddings_initializer,
+            num_key_value_heads,
+            sliding_window,
         )
-        self.num_key_value_heads = num_key_value_heads
-        self.sliding_window = sliding_window
+        self.activation = activation
 
     def get_config(self):
         return {
             **super().get_config(),
-            "vocabulary_size": self.vocabulary_size,
-            "sequence_length": self.sequence_length,
-            "embedding_dim": self.embedding_dim,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "intermediate_dim": self.intermediate_dim,
-            "dropout": self.dropout,
-            "position": self.position,
-            "normalize_first": self.normalize_first,
             "activation": self.activation,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
             # `embedding_norm` is the layer (or None); the argument is
             # whether there is one.
             "embedding_norm": self.embedding_norm is not None,
-            "scale_embeddings": self.scale_embeddings,
-            "embeddings_initializer": self.embeddings_initializer,
-            **self._attention_config(),
         }
 
     @classmethod
@@ -518,41 +548,28 @@ class TransformerDecoderBackbone(_Backbone):
         super().__init__(inputs, x, dtype=dtype, **kwargs)
 
         # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
-        self.position = position
-        self.normalize_first = normalize_first
+        self._set_config(
+            vocabulary_size,
+            sequence_length,
+            embedding_dim,
+            num_layers,
+            num_heads,
+            intermediate_dim,
+            dropout,
+            position,
+            normalize_first,
+            layer_norm_epsilon,
+            scale_embeddings,
+            embeddings_initializer,
+            num_key_value_heads,
+            sliding_window,
+        )
         self.cross_attention = cross_attention
         self.encoder_dim = encoder_dim
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.scale_embeddings = scale_embeddings
-        self.embeddings_initializer = keras.initializers.serialize(
-            keras.initializers.get(embeddings_initializer)
-        )
-        self.num_key_value_heads = num_key_value_heads
-        self.sliding_window = sliding_window
 
     def get_config(self):
         return {
             **super().get_config(),
-            "vocabulary_size": self.vocabulary_size,
-            "sequence_length": self.sequence_length,
-            "embedding_dim": self.embedding_dim,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "intermediate_dim": self.intermediate_dim,
-            "dropout": self.dropout,
-            "position": self.position,
-            "normalize_first": self.normalize_first,
             "cross_attention": self.cross_attention,
             "encoder_dim": self.encoder_dim,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "scale_embeddings": self.scale_embeddings,
-            "embeddings_initializer": self.embeddings_initializer,
-            **self._attention_config(),
         }
