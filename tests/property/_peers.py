@@ -31,13 +31,17 @@ PEER_FACTOR = 2.0
 # A block's error compounds through its layer norms: a row whose
 # pre-normalization values nearly cancel amplifies the rounding of every
 # sublayer before it, so on one call the maximum error of two equally
-# accurate blocks can differ by a factor of 3 (keras-attn's and keras-hub's
-# blocks, 1,100 drawn calls under mixed_bfloat16 and mixed_float16 on
-# TensorFlow: ratios of their errors up to 2.8 and 3.0, either way round).
-# Per call the blocks' bound is `BLOCK_PEER_FACTOR` times keras-hub's error;
-# across the calls `check_no_worse_than_peer` holds keras-attn's errors to
-# keras-hub's on average (the mean of log2(ours / keras-hub's) was -0.1 under
-# mixed_bfloat16 and -0.2 under mixed_float16, its float32 softmax helping).
+# accurate blocks can differ by a factor of 3 to 5 (keras-attn's and
+# keras-hub's blocks, 1,100 drawn calls under mixed_bfloat16 and
+# mixed_float16 on TensorFlow: ratios up to 2.8 and 3.0 either way round; on
+# PyTorch one call reached 4.0 on a row of a fifth of the median spread). The
+# blocks' test divides each row's error by that amplification
+# (`relative_error(..., amplification)`; the large profile's largest ratio
+# then 2.6 against 3.4). Per call the bound is `BLOCK_PEER_FACTOR` times
+# keras-hub's error; across the calls `check_no_worse_than_peer` holds
+# keras-attn's errors to keras-hub's on average (the mean of log2(ours /
+# keras-hub's) was -0.1 under mixed_bfloat16 and -0.2 under mixed_float16 on
+# TensorFlow, 0.03 under mixed_bfloat16 on PyTorch).
 BLOCK_PEER_FACTOR = 4.0
 MEAN_LOG2_RATIO_LIMIT = 0.5  # a geometric mean ratio of sqrt(2)
 MIN_RATIOS = 30
@@ -63,13 +67,21 @@ def padding_mask(rng, batch, length, style):
     return mask
 
 
-def relative_error(got, want, rows):
-    """max |got - want| on `rows` (`(B, T)` bool) over max |want| there."""
-    got, want = got[rows], want[rows]
-    if got.size == 0:
+def relative_error(got, want, rows, amplification=None):
+    """max |got - want| on `rows` (`(B, T)` bool) over max |want| there.
+
+    `amplification` (`(B, T)`, >= 1): how much the computation amplifies
+    rounding on each row (a layer norm of a row whose values nearly cancel);
+    each row's error is divided by it, so one ill-conditioned row does not
+    decide the comparison of two equally rounded computations."""
+    difference = np.max(np.abs(got - want), axis=-1)  # (B, T)
+    if amplification is not None:
+        difference = difference / amplification
+    difference, want = difference[rows], want[rows]
+    if difference.size == 0:
         return 0.0
     scale = max(float(np.max(np.abs(want))), 1e-3)
-    return float(np.max(np.abs(got - want))) / scale
+    return float(np.max(difference)) / scale
 
 
 def check_no_worse_than_peer(error, peer_error, policy, ratios: dict):
@@ -91,10 +103,12 @@ def check_no_worse_than_peer(error, peer_error, policy, ratios: dict):
         )
 
 
-def check_close(got, want, policy, rows, what, allowed, errors: dict):
+def check_close(
+    got, want, policy, rows, what, allowed, errors: dict, amplification=None
+):
     """Assert `relative_error <= allowed`; record the largest per policy in
     `errors` (printed at exit with KERAS_ATTN_PRINT_ERRORS=1)."""
-    error = relative_error(got, want, rows)
+    error = relative_error(got, want, rows, amplification)
     errors[policy] = max(errors.get(policy, 0.0), error)
     assert error <= allowed, (
         f"{what}: relative error {error:.3g} > {allowed:.3g} ({policy})"
