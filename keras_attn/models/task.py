@@ -74,10 +74,7 @@ class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
     def _adopt_dtype_policy(self, backbone):
         """Give the task its backbone's policy (the default policy of a
         quantized backbone's `DTypePolicyMap`)."""
-        policy = backbone.dtype_policy
-        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-            policy = policy.default_policy
-        self.dtype_policy = policy
+        self.dtype_policy = _plain_policy(backbone.dtype_policy)
 
     @staticmethod
     def check_sizes_unset(init, given: dict, backbone_name: str = "backbone"):
@@ -131,10 +128,16 @@ class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
         return load_task(cls, preset, load_weights=load_weights, **kwargs)
 
 
-def _policy_name(policy) -> str:
+def _plain_policy(policy):
+    """`policy`, or the default policy of a `DTypePolicyMap` (a quantized
+    model's map of its quantized layers)."""
     if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-        policy = policy.default_policy
-    return policy.name
+        return policy.default_policy
+    return policy
+
+
+def _policy_name(policy) -> str:
+    return _plain_policy(policy).name
 
 
 def deserialize_backbone(config, **extra):
