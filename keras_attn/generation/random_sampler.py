@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from keras_attn.generation import _noise
 from keras_attn.generation.sampler import Sampler
+from keras_attn.ops import counter_random
 
 
 class RandomSampler(Sampler):
@@ -26,4 +26,4 @@ class RandomSampler(Sampler):
     """
 
     def get_next_token(self, log_probs, seed):
-        return _noise.categorical(log_probs, seed)
+        return counter_random.categorical(log_probs, seed)

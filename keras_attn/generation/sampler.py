@@ -43,7 +43,7 @@ import numbers
 import keras
 from keras import ops, tree
 
-from keras_attn.generation import _noise
+from keras_attn.ops import counter_random
 
 
 def top_k(x, k: int):
@@ -349,7 +349,7 @@ class Sampler:
         prompt, tokens, lengths = prepare_prompt(
             prompt, prompt_lengths, pad_token_id, output_length
         )
-        seed = _noise.seed_tensor(self.seed if seed is None else seed)
+        seed = counter_random.seed_tensor(self.seed if seed is None else seed)
         cache = run_prefill(next_fn, prompt, cache, prefill)
         index = start_index(lengths, prefill)
         inputs = ops.take(tokens, index, axis=1)[:, None]  # (B, 1)
@@ -365,7 +365,8 @@ class Sampler:
             logits, cache = next_fn(inputs, cache, index)
             log_probs = self.compute_log_probs(last_step_logits(logits))  # (B, V)
             next_token = ops.cast(
-                self.get_next_token(log_probs, _noise.step_seed(seed, index)), "int32"
+                self.get_next_token(log_probs, counter_random.step_seed(seed, index)),
+                "int32",
             )  # (B,)
             position = index + 1
             in_prompt = ops.less(position, lengths)  # (B,)

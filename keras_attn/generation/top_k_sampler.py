@@ -5,8 +5,8 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.generation import _noise
 from keras_attn.generation.sampler import Sampler, top_k
+from keras_attn.ops import counter_random
 
 
 class TopKSampler(Sampler):
@@ -32,7 +32,7 @@ class TopKSampler(Sampler):
     def get_next_token(self, log_probs, seed):
         k = min(self.k, log_probs.shape[-1] or self.k)
         top_log_probs, top_indices = top_k(log_probs, k)  # (B, k)
-        choice = _noise.categorical(top_log_probs, seed)  # (B,)
+        choice = counter_random.categorical(top_log_probs, seed)  # (B,)
         return ops.take_along_axis(top_indices, choice[:, None], axis=-1)[:, 0]
 
     def get_config(self) -> dict:

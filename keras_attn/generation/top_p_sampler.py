@@ -7,8 +7,8 @@ import numbers
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.generation import _noise
 from keras_attn.generation.sampler import Sampler, top_k
+from keras_attn.ops import counter_random
 
 # Log-probability given to the tokens cut off (finite: no inf - inf).
 _CUT = -1e9
@@ -61,7 +61,7 @@ class TopPSampler(Sampler):
         keep = ops.less(mass_before, self.p)
         keep = ops.concatenate([ops.ones_like(keep[:, :1]), keep[:, 1:]], axis=-1)
         filtered = ops.where(keep, sorted_log_probs, _CUT)
-        choice = _noise.categorical(filtered, seed)  # (B,)
+        choice = counter_random.categorical(filtered, seed)  # (B,)
         return ops.take_along_axis(sorted_indices, choice[:, None], axis=-1)[:, 0]
 
     def get_config(self) -> dict:

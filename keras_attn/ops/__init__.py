@@ -1,11 +1,10 @@
 """Pure attention functions: scores, masks, masked softmax, attention."""
 
-from keras_attn.ops.attention import (
+from keras_attn.ops.attention import dot_product_attention, weighted_sum
+from keras_attn.ops.attention_paths import (
     attention_path,
-    dot_product_attention,
     fused_kernel_runs,
     switch_over_length,
-    weighted_sum,
 )
 from keras_attn.ops.cache import update_cache
 from keras_attn.ops.masks import (

@@ -1,30 +1,39 @@
-"""Attention given scores or projected heads: the fused, memory-efficient and
-explicit paths, and the choice between them.
+"""Attention given scores or projected heads: `dot_product_attention` on the
+fused, memory-efficient or explicit path, and the explicit path itself.
 
 Shapes follow `keras.ops.dot_product_attention`: heads are `(B, T, N, H)`
 (batch, time, heads, head size) and masks broadcast to `(B, N, Tq, Tk)`.
+Which path a call takes is decided in `keras_attn.ops.attention_paths`; the
+memory-efficient path is `keras_attn.ops.memory_efficient_attention`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
 import keras
 from keras import ops
 
+from keras_attn.ops import _checks
+
+# Imported from here by the layers.
+from keras_attn.ops._checks import check_flash_attention as check_flash_attention
+from keras_attn.ops.alibi import alibi_bias
+from keras_attn.ops.attention_paths import (
+    BY_LENGTH,
+    FUSED,
+    MEMORY_EFFICIENT,
+    choose_path,
+    fused_kernel_runs,
+    switch_over_length,
+)
 from keras_attn.ops.masks import (
     band_mask,
     combine_masks,
     padding_mask,
 )
-from keras_attn.ops.memory_efficient_attention import (
-    alibi_bias,
-    check_alibi_slopes,
-    key_value_groups,
-    memory_efficient_attention,
-)
+from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -38,271 +47,9 @@ def weighted_sum(weights, value):
     return ops.matmul(ops.cast(weights, value.dtype), value)
 
 
-# The paths `dot_product_attention` can take (see `attention_path`).
-FUSED = "fused"
-MEMORY_EFFICIENT = "memory_efficient"
-EXPLICIT = "explicit"
-# Decided when the graph runs: the memory-efficient path when the lengths,
-# unknown when traced, reach the switch-over; else the explicit path.
-BY_LENGTH = "by_length"
-
-# The key length from which `flash_attention=None` takes the memory-efficient
-# path when no fused kernel runs the call, by compute dtype: below it the
-# explicit path's two batched matmuls are as fast and the `(Tq, Tk)` weights
-# are small (docs/LONG_SEQUENCES.md; benchmarks/long_attention_bench.py).
-SWITCH_OVER_KEY_LENGTH = {"float32": 1024, "float16": 2048, "bfloat16": 2048}
-
-
-def switch_over_length(dtype="float32") -> int:
-    """The key length from which the memory-efficient path is the default.
-
-    `SWITCH_OVER_KEY_LENGTH[dtype]`; the float32 value for other dtypes.
-    """
-    dtype = keras.backend.standardize_dtype(dtype)
-    return SWITCH_OVER_KEY_LENGTH.get(dtype, SWITCH_OVER_KEY_LENGTH["float32"])
-
-
-def attention_path(
-    flash_attention: bool | None = None,
-    *,
-    return_weights: bool = False,
-    dropout_active: bool = False,
-    same_head_dims: bool = True,
-    fused_kernel: bool = False,
-    alibi: bool = False,
-    query_length: int | None = None,
-    key_length: int | None = None,
-    dtype="float32",
-    backend: str | None = None,
-) -> str:
-    """The attention path a call takes.
-
-    The one place where keras-attn chooses how attention is computed, from
-    what the call needs. The paths:
-
-    - `"fused"`: `keras.ops.dot_product_attention`, where a fused attention
-      kernel actually runs the call (`fused_kernel`, from
-      `fused_kernel_runs`: cuDNN's flash attention on a recent NVIDIA GPU in
-      float16 / bfloat16 on JAX, PyTorch's flash or memory-efficient CUDA
-      kernels, a TPU kernel). Where none runs (TensorFlow; JAX on a CPU, or
-      on a GPU in float32), `keras.ops.dot_product_attention` is plain
-      matmuls and a softmax over the `(Tq, Tk)` logits, so it is not taken.
-      Nor is it with ALiBi (`alibi`): `keras.ops.dot_product_attention`
-      takes a bias only as a whole `(B|1, N, Tq, Tk)` tensor, the tensor the
-      memory-efficient path never builds, so such a call is treated as one
-      that no fused kernel runs.
-    - `"memory_efficient"`: `keras_attn.ops.memory_efficient_attention`,
-      blocks of queries and keys, memory linear in the lengths in both
-      passes; dropout included.
-    - `"explicit"`: two batched matmuls around a float32 softmax that
-      materialise the `(B, N, Tq, Tk)` weights; the only path that can return
-      them.
-    - `"by_length"`: the lengths are unknown until the graph runs (a
-      `tf.function` traced with `None` lengths): `"memory_efficient"` when
-      they reach the switch-over below, else `"explicit"`, decided then.
-
-    `flash_attention` is the layers' argument:
-
-    - `None`: the fastest path that can honour the call: the fused kernel
-      when one runs the call and no dropout is active; else the
-      memory-efficient path when the key length reaches
-      `switch_over_length(dtype)` and there is more than one query; else the
-      explicit path. Follows `keras.config.is_flash_attention_enabled()`:
-      after `keras.config.disable_flash_attention()` as `False`. (Keras
-      3.15's `enable_flash_attention()` restores the default, `None`: it
-      forces nothing; set `flash_attention=True` on the layers for that.)
-    - `True`: the fused kernel when one runs the call, else the
-      memory-efficient path, at any length. A call that needs the attention
-      weights raises a `ValueError`.
-    - `False`: the explicit path.
-
-    Args:
-        flash_attention: `None`, `True` or `False`, as above.
-        return_weights: the call returns the attention weights.
-        dropout_active: dropout on the weights is active (training, rate > 0).
-        same_head_dims: key and value heads have the same size (JAX's fused
-            kernel needs it).
-        fused_kernel: whether a fused kernel runs this call on this device
-            (`fused_kernel_runs`); ignored on TensorFlow, which has none.
-        query_length, key_length: static lengths, `None` when unknown.
-        dtype: the compute dtype, for the switch-over length.
-        backend: defaults to `keras.backend.backend()`.
-
-    Returns:
-        `"fused"`, `"memory_efficient"`, `"explicit"` or `"by_length"`.
-    """
-    if flash_attention is None:
-        flash_attention = keras.config.is_flash_attention_enabled()
-    if flash_attention is not None and not flash_attention:
-        return EXPLICIT
-    backend = backend or keras.backend.backend()
-    if return_weights:
-        if flash_attention:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to access"
-                " attention scores. (`flash_attention=True` needs a fused or "
-                "memory-efficient attention path, and the attention weights "
-                "are requested, which only the explicit path returns.) Pass "
-                "`flash_attention=None` (the fastest path that can honour the "
-                "call) or `False` (the explicit path). Received: "
-                "flash_attention=True, return_attention_scores=True"
-            )
-        return EXPLICIT
-    fused = (
-        fused_kernel
-        and not alibi
-        and backend != "tensorflow"
-        and not dropout_active
-        and same_head_dims
-    )
-    if fused:
-        return FUSED
-    if flash_attention:
-        return MEMORY_EFFICIENT
-    if (query_length is not None and query_length <= 1) or (
-        key_length is not None and key_length < switch_over_length(dtype)
-    ):
-        return EXPLICIT
-    if query_length is None or key_length is None:
-        return BY_LENGTH
-    return MEMORY_EFFICIENT
-
-
-# Custom-call targets of fused attention kernels in a compiled XLA program:
-# cuDNN's fused attention ("__cudnn$fmhaSoftmax", ...) and Pallas kernels on
-# TPUs (Keras uses the splash attention kernel there).
-_FUSED_KERNEL_TARGETS = ("cudnn$fmha", "tpu_custom_call")
-
-
 def _static_dim(dim):
     """`dim` as a Python int, `None` when unknown or symbolic."""
     return dim if isinstance(dim, int) else None
-
-
-def fused_kernel_runs(query, key, value, mask_shape=None, is_causal=False) -> bool:
-    """Whether `keras.ops.dot_product_attention` runs a fused kernel here.
-
-    Read from what runs rather than from the API's promise:
-
-    - JAX: the program that `jax.jit` compiles for these shapes and dtypes
-      (with a boolean mask of `mask_shape`, or `is_causal`) is searched for a
-      fused attention custom call (`_FUSED_KERNEL_TARGETS`). On a CPU, and
-      on a GPU in float32, XLA builds the attention from matmuls and a
-      softmax over the `(Tq, Tk)` logits: no fused kernel. A program that
-      does not compile here (float16 on a CPU, whose `dot_general` cannot
-      accumulate float16 into float32) has none either. The answer is
-      cached per platform, shapes, dtypes and mask.
-    - PyTorch: CUDA tensors that PyTorch's flash or memory-efficient kernel
-      accepts (`torch.backends.cuda.can_use_flash_attention` /
-      `can_use_efficient_attention`, the checks its dispatcher makes).
-    - TensorFlow and the other backends: no fused kernel.
-
-    Args:
-        query, key, value: `(B, T, N, H)` tensors.
-        mask_shape: the shape of the boolean mask the call passes, or `None`.
-        is_causal: whether the call uses the backend's causal masking.
-    """
-    backend = keras.backend.backend()
-    if backend == "jax":
-        specs = [(tuple(x.shape), _dtype(x)) for x in (query, key, value)]
-        if mask_shape is not None:
-            specs.append((tuple(mask_shape), "bool"))
-        if any(dim is None for shape, _ in specs for dim in shape):
-            return False
-        import jax
-
-        return _jax_program_has_fused_kernel(
-            jax.default_backend(), tuple(specs), bool(is_causal)
-        )
-    if backend == "torch":
-        return _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal)
-    return False
-
-
-def _dtype(x):
-    return keras.backend.standardize_dtype(x.dtype)
-
-
-@functools.lru_cache(maxsize=256)
-def _jax_program_has_fused_kernel(platform, specs, is_causal) -> bool:
-    import jax
-
-    def attend(query, key, value, mask=None):
-        return ops.dot_product_attention(
-            query, key, value, mask=mask, is_causal=is_causal
-        )
-
-    arguments = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs]
-    try:
-        program = jax.jit(attend).lower(*arguments).compile().as_text()
-    except Exception:  # any failure to compile here: no kernel runs it
-        return False
-    return any(target in program for target in _FUSED_KERNEL_TARGETS)
-
-
-def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
-    """PyTorch's own kernel checks on the inputs Keras gives
-    `scaled_dot_product_attention` (heads before time, an additive mask)."""
-    try:
-        import torch
-        from torch.backends.cuda import (
-            SDPAParams,
-            can_use_efficient_attention,
-            can_use_flash_attention,
-        )
-    except ImportError:
-        return False
-    if not query.is_cuda:
-        return False
-    query, key, value = (torch.transpose(x, 1, 2) for x in (query, key, value))
-    mask = None
-    if mask_shape is not None:
-        # A stand-in of the mask's shape and dtype, allocated once.
-        mask = torch.zeros((), dtype=query.dtype, device=query.device).expand(
-            tuple(mask_shape)
-        )
-    try:
-        params = SDPAParams(query, key, value, mask, 0.0, bool(is_causal), False)
-    except TypeError:  # PyTorch before enable_gqa
-        params = SDPAParams(query, key, value, mask, 0.0, bool(is_causal))
-    return bool(
-        can_use_flash_attention(params, False)
-        or can_use_efficient_attention(params, False)
-    )
-
-
-def check_flash_attention(flash_attention, dropout: float = 0.0):
-    """Validate a layer's `flash_attention` argument (`None` or a bool).
-
-    `True` with `dropout > 0` is refused at construction, as
-    `keras.layers.MultiHeadAttention` refuses it (no fused kernel applies
-    dropout to the attention weights; the memory-efficient path could, and
-    `flash_attention=None` takes it with dropout on long sequences). `None`
-    counts as `keras.config.is_flash_attention_enabled()` (`False` after
-    `disable_flash_attention()`; Keras 3.15's `enable_flash_attention()`
-    sets `None`, not `True`).
-    """
-    if flash_attention is not None and not isinstance(flash_attention, bool):
-        raise ValueError(
-            "`flash_attention` must be None, True or False. "
-            f"Received: flash_attention={flash_attention!r}"
-        )
-    required = (
-        keras.config.is_flash_attention_enabled()
-        if flash_attention is None
-        else flash_attention
-    )
-    if required and dropout > 0:
-        raise ValueError(
-            "Dropout is not supported when flash attention is enabled. "
-            "A fused attention path (`flash_attention=True`, or `None` while "
-            "`keras.config.is_flash_attention_enabled()` is True) cannot "
-            "apply dropout to the attention weights: set `dropout=0` or "
-            "`flash_attention=False`. "
-            f"Received: flash_attention={flash_attention}, dropout={dropout}"
-        )
-    return flash_attention
 
 
 def _rows_with_keys(mask):
@@ -412,8 +159,8 @@ def dot_product_attention(
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
-    groups = key_value_groups(query.shape, key.shape, value.shape)
-    alibi_slopes = check_alibi_slopes(alibi_slopes, query.shape[2])
+    groups = _checks.key_value_groups(query.shape, key.shape, value.shape)
+    alibi_slopes = _checks.check_alibi_slopes(alibi_slopes, query.shape[2])
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     mask = padding_mask(mask)
@@ -438,39 +185,17 @@ def dot_product_attention(
         and query_padding_mask is None
         and sliding_window is None
     )
-    masked = mask is not None or (
-        any(
-            components[name] is not None
-            for name in ("key_padding_mask", "query_padding_mask", "sliding_window")
-        )
-        or (is_causal and not causal_kernel)
-    )
-    # JAX traces a layer with symbolic shapes when Keras infers the output
-    # spec of a layer around it that has no `compute_output_spec`; only the
-    # shapes matter then, and the explicit path gives them (the others
-    # compare and pad symbolic lengths, which JAX cannot always decide).
-    symbolic = not all(
-        isinstance(dim, (int, type(None))) for dim in (*query.shape, *key.shape)
-    )
     query_length, key_length = _static_dim(query.shape[1]), _static_dim(key.shape[1])
-    same_head_dims = value.shape[-1] == key.shape[-1]
-    explicit_only = (
-        symbolic
-        or flash_attention is False
-        or (
-            flash_attention is None
-            and keras.config.is_flash_attention_enabled() is False
+
+    def fused_kernel():
+        masked = mask is not None or (
+            any(
+                components[name] is not None
+                for name in ("key_padding_mask", "query_padding_mask", "sliding_window")
+            )
+            or (is_causal and not causal_kernel)
         )
-    )
-    fused_kernel = (
-        # jax.nn.dot_product_attention needs value heads as wide as key heads.
-        same_head_dims
-        # ALiBi would reach it only as a whole (Tq, Tk) bias: not probed.
-        and alibi_slopes is None
-        and not explicit_only
-        and not return_weights
-        and not dropout_active
-        and fused_kernel_runs(
+        return fused_kernel_runs(
             query,
             key,
             value,
@@ -486,20 +211,25 @@ def dot_product_attention(
             ),
             is_causal=causal_kernel,
         )
-    )
-    path = attention_path(
+
+    path = choose_path(
         flash_attention,
         return_weights=return_weights,
         dropout_active=dropout_active,
-        same_head_dims=same_head_dims,
-        fused_kernel=fused_kernel,
+        # jax.nn.dot_product_attention needs value heads as wide as key heads.
+        same_head_dims=value.shape[-1] == key.shape[-1],
+        # ALiBi would reach the fused kernel only as a whole (Tq, Tk) bias.
         alibi=alibi_slopes is not None,
         query_length=query_length,
         key_length=key_length,
         dtype=query.dtype,
+        # JAX traces a layer with symbolic shapes when Keras infers the
+        # output spec of a layer around it that has no `compute_output_spec`.
+        symbolic=not all(
+            isinstance(dim, (int, type(None))) for dim in (*query.shape, *key.shape)
+        ),
+        fused_kernel=fused_kernel,
     )
-    if symbolic:
-        path = EXPLICIT
 
     def memory_efficient():
         # `K` key/value heads as they are: the blocks group the query heads.
@@ -661,7 +391,11 @@ def _explicit_attention(
 
     `alibi`: `None` or `(slopes, causal_offset)`, float32 slopes `(N,)` of
     the query heads; their bias is added to the logits in float32."""
-    logits_dtype = "float32" if _dtype(query) == "float16" else query.dtype
+    logits_dtype = (
+        "float32"
+        if keras.backend.standardize_dtype(query.dtype) == "float16"
+        else query.dtype
+    )
     # Batched matmuls over (B, N, T, H): the heads move next to the batch
     # once, and the backward pass transposes no (Tq, Tk) tensor.
     query = ops.transpose(ops.cast(query, logits_dtype), (0, 2, 1, 3))  # (B, N, Tq, H)

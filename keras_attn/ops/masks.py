@@ -68,13 +68,7 @@ def causal_mask(query_length, key_length=None, offset=0):
     Returns:
         Boolean tensor of shape `(Tq, Tk)`.
     """
-    if key_length is None:
-        key_length = query_length
-    query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
-        offset, "int32"
-    )  # (Tq,)
-    key_positions = ops.arange(key_length, dtype="int32")  # (Tk,)
-    return ops.greater_equal(query_positions[:, None], key_positions[None, :])
+    return band_mask(query_length, key_length, causal=True, offset=offset)
 
 
 def sliding_window_mask(query_length, key_length=None, window: int = 1, offset=0):
@@ -95,14 +89,7 @@ def sliding_window_mask(query_length, key_length=None, window: int = 1, offset=0
     Returns:
         Boolean tensor of shape `(Tq, Tk)`.
     """
-    if key_length is None:
-        key_length = query_length
-    query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
-        offset, "int32"
-    )  # (Tq,)
-    key_positions = ops.arange(key_length, dtype="int32")  # (Tk,)
-    distance = ops.abs(query_positions[:, None] - key_positions[None, :])  # (Tq, Tk)
-    return ops.less(distance, window)
+    return band_mask(query_length, key_length, window=window, offset=offset)
 
 
 def band_mask(query_length, key_length=None, causal=False, window=None, offset=0):
@@ -115,14 +102,47 @@ def band_mask(query_length, key_length=None, causal=False, window=None, offset=0
     Returns:
         Boolean tensor of shape `(Tq, Tk)`, or `None`.
     """
-    band = None
+    if not causal and window is None:
+        return None
+    if key_length is None:
+        key_length = query_length
+    query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
+        offset, "int32"
+    )  # (Tq,)
+    key_positions = ops.arange(key_length, dtype="int32")  # (Tk,)
+    return band_from_positions(query_positions, key_positions, causal, window)
+
+
+def band_from_positions(query_positions, key_positions, causal=False, window=None):
+    """The band of `band_mask` between queries and keys at given positions.
+
+    Query `i` sees key `j` when `key_positions[j] <= query_positions[i]`
+    (`causal`) and, with a `window`, when they are less than `window` apart
+    (`key_positions[j] > query_positions[i] - window`, and with no `causal`
+    `key_positions[j] < query_positions[i] + window`). The one builder of
+    the causal mask and the sliding window, for whole sequences
+    (`band_mask`) and for the blocks of the memory-efficient path.
+
+    Args:
+        query_positions: int32 `(Tq,)`, the queries' positions among the keys.
+        key_positions: int32 `(Tk,)`.
+        causal: whether to mask the keys after each query.
+        window: optional positive int (or scalar int tensor).
+
+    Returns:
+        Boolean tensor of shape `(Tq, Tk)`, or `None` with neither `causal`
+        nor `window`.
+    """
+    distance = query_positions[:, None] - key_positions[None, :]  # (Tq, Tk)
+    visible = None
     if causal:
-        band = causal_mask(query_length, key_length, offset)
+        visible = ops.greater_equal(distance, 0)
     if window is not None:
-        band = combine_masks(
-            band, sliding_window_mask(query_length, key_length, window, offset)
-        )
-    return band
+        band = ops.less(distance, window)
+        if not causal:
+            band = ops.logical_and(band, ops.greater(distance, -window))
+        visible = band if visible is None else ops.logical_and(visible, band)
+    return visible
 
 
 def combine_masks(*masks):
@@ -238,14 +258,7 @@ def rows_with_keys(
     key_padding_mask = padding_mask(key_padding_mask)
     query_padding_mask = padding_mask(query_padding_mask)
     if attention_mask is not None:
-        band = None
-        if causal:
-            band = causal_mask(query_length, key_length, offset)
-        if sliding_window is not None:
-            band = combine_masks(
-                band,
-                sliding_window_mask(query_length, key_length, sliding_window, offset),
-            )
+        band = band_mask(query_length, key_length, causal, sliding_window, offset)
         combined = combine_masks(
             attention_mask, None if band is None else band[None]
         )  # (B|1, Tq, Tk)

@@ -21,6 +21,7 @@ import pytest
 from keras import ops
 
 import keras_attn.ops.attention as attention_module
+import keras_attn.ops.attention_paths as attention_paths_module
 from keras_attn.layers.alibi_bias import alibi_bias as layer_alibi_bias
 from keras_attn.layers.alibi_bias import alibi_slopes
 from keras_attn.ops import (
@@ -28,7 +29,7 @@ from keras_attn.ops import (
     dot_product_attention,
     memory_efficient_attention,
 )
-from keras_attn.ops.memory_efficient_attention import alibi_bias
+from keras_attn.ops.alibi import alibi_bias
 from tests.test_case import outputs_and_gradients, to_numpy
 
 B, TQ, TK, N, H, HV = 2, 11, 13, 4, 4, 3
@@ -414,7 +415,7 @@ def test_by_length_branch_in_a_tf_function_with_unknown_lengths(monkeypatch):
     that these lengths reach both branches."""
     import tensorflow as tf
 
-    monkeypatch.setitem(attention_module.SWITCH_OVER_KEY_LENGTH, "float32", 8)
+    monkeypatch.setitem(attention_paths_module.SWITCH_OVER_KEY_LENGTH, "float32", 8)
     assert (
         attention_path(None, query_length=None, key_length=None, backend="tensorflow")
         == "by_length"

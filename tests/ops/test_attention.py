@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import keras_attn.ops.attention as attention_module
+import keras_attn.ops.attention_paths as attention_paths_module
 from keras_attn.ops import (
     attention_path,
     dot_product_attention,
@@ -434,7 +435,7 @@ def test_fused_kernel_runs_reads_the_compiled_program(monkeypatch):
     import jax
 
     assert jax.default_backend() == "cpu"
-    program = attention_module._jax_program_has_fused_kernel
+    program = attention_paths_module._jax_program_has_fused_kernel
     program.cache_clear()
     # XLA on a CPU: matmuls and a softmax, no fused attention custom call;
     # in float16 the program does not even compile there.
@@ -446,7 +447,9 @@ def test_fused_kernel_runs_reads_the_compiled_program(monkeypatch):
     # The answer comes from the program's text: a target that the CPU
     # program does hold is found.
     program.cache_clear()
-    monkeypatch.setattr(attention_module, "_FUSED_KERNEL_TARGETS", ("exponential",))
+    monkeypatch.setattr(
+        attention_paths_module, "_FUSED_KERNEL_TARGETS", ("exponential",)
+    )
     assert fused_kernel_runs(Q, Q, Q)
     program.cache_clear()
 

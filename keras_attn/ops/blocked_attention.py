@@ -1,0 +1,337 @@
+"""The block layout of memory-efficient attention: block sizes, the tensors
+cut into blocks, and the masks, ALiBi bias and dropout of one block pair.
+
+`keras_attn.ops.memory_efficient_attention` lays its inputs out with these and
+runs the passes of `keras_attn.ops.blocked_passes` over them. Queries and keys
+are cut into blocks of `plan.query_block` and `plan.key_block` positions
+(zero-padded at the end); the masks are kept as their components (padding
+flags cut into blocks, the causal mask and the sliding window as positions,
+an explicit mask sliced per block), so that no `(Tq, Tk)` tensor is built.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+from keras_attn.ops import _hash, counter_random
+from keras_attn.ops.alibi import alibi_bias
+from keras_attn.ops.masks import band_from_positions
+
+# Defaults chosen from indicative timings on a 2-core CPU with TensorFlow
+# (docs/LONG_SEQUENCES.md): query blocks of 16 to 256 rows, as many as keep one
+# (B, N, bq, bk) float32 block within BLOCK_BYTES; key blocks of
+# CAUSAL_KEY_BLOCK_SIZE under a causal mask (whole blocks are skipped), else
+# all the keys at once (a fused softmax per query block).
+MAX_QUERY_BLOCK_SIZE = 256
+MIN_QUERY_BLOCK_SIZE = 16
+BLOCK_BYTES = 16 * 2**20
+CAUSAL_KEY_BLOCK_SIZE = 512
+
+
+def dim(x, axis):
+    """Static size of `x`'s axis when known, else a scalar tensor."""
+    size = x.shape[axis]
+    return size if size is not None else ops.shape(x)[axis]
+
+
+def _ceil_div(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return ops.floor_divide(a + b - 1, b)
+
+
+class Plan:
+    """Block sizes and counts; ints when the lengths are static, else tensors."""
+
+    def __init__(
+        self,
+        query_length,
+        key_length,
+        query_block_size,
+        key_block_size,
+        batch_heads,
+        groups=1,
+    ):
+        self.query_length, self.key_length = query_length, key_length
+        # Query heads per key/value head (grouped-query attention).
+        self.groups = groups
+        if key_block_size is None:
+            self.key_block, self.num_key_blocks = key_length, 1
+            self.padded_key_length = key_length
+        else:
+            self.key_block = _block_size(key_length, key_block_size)
+            self.num_key_blocks = _ceil_div(key_length, self.key_block)
+            self.padded_key_length = self.num_key_blocks * self.key_block
+        if query_block_size is None:
+            query_block_size = _default_query_block_size(batch_heads, self.key_block)
+        self.query_block = _block_size(query_length, query_block_size)
+        self.num_query_blocks = _ceil_div(query_length, self.query_block)
+        # One block of all the keys: a plain softmax per query block, and a
+        # backward pass that needs no second sweep.
+        self.single_key_block = (
+            isinstance(self.num_key_blocks, int) and self.num_key_blocks == 1
+        )
+        self.padded_query_length = self.num_query_blocks * self.query_block
+        # Keys past key_length exist only as padding: they must be masked.
+        self.keys_padded = self.padded_key_length is not key_length and not (
+            isinstance(self.padded_key_length, int)
+            and isinstance(key_length, int)
+            and self.padded_key_length == key_length
+        )
+
+
+def _default_query_block_size(batch_heads, key_block):
+    """The most query rows, a multiple of 16 in [16, 256], that keep a
+    `(B, N, bq, bk)` float32 block within BLOCK_BYTES."""
+    per_row = batch_heads * key_block * 4  # bytes of one query row of a block
+    if isinstance(per_row, int):
+        rows = BLOCK_BYTES // max(per_row, 1) // 16 * 16
+        return min(max(rows, MIN_QUERY_BLOCK_SIZE), MAX_QUERY_BLOCK_SIZE)
+    rows = ops.floor_divide(BLOCK_BYTES, ops.maximum(ops.cast(per_row, "int32"), 1))
+    rows = ops.floor_divide(rows, 16) * 16
+    return ops.clip(rows, MIN_QUERY_BLOCK_SIZE, MAX_QUERY_BLOCK_SIZE)
+
+
+def _block_size(length, block_size):
+    """`min(length, block_size)`, at least 1 (no padding past a short length)."""
+    if isinstance(length, int) and isinstance(block_size, int):
+        return max(1, min(length, block_size))
+    return ops.maximum(
+        ops.minimum(ops.cast(length, "int32"), ops.cast(block_size, "int32")), 1
+    )
+
+
+def to_blocks(x, length, block, num_blocks):
+    """`(B, T, N, H) -> (n, B, N, b, H)`, zero-padded to `n·b` positions."""
+    batch, heads, width = dim(x, 0), dim(x, 2), dim(x, 3)
+    x = ops.pad(x, [[0, 0], [0, num_blocks * block - length], [0, 0], [0, 0]])
+    x = ops.reshape(x, (batch, num_blocks, block, heads, width))  # (B, n, b, N, H)
+    return ops.transpose(x, (1, 0, 3, 2, 4))  # (n, B, N, b, H)
+
+
+def from_blocks(x, length):
+    """`(n, B, N, b, H) -> (B, T, N, H)`, the padding cut off."""
+    num_blocks, batch, heads, block, width = (dim(x, axis) for axis in range(5))
+    x = ops.transpose(x, (1, 0, 3, 2, 4))  # (B, n, b, N, H)
+    x = ops.reshape(x, (batch, num_blocks * block, heads, width))  # (B, n·b, N, H)
+    return x[:, :length]
+
+
+def _flags_to_blocks(mask, padded_length, block, num_blocks):
+    """`(B, T)` bool -> `(n, B, b)`, padded with `False`."""
+    batch = dim(mask, 0)
+    mask = ops.pad(mask, [[0, 0], [0, padded_length - dim(mask, 1)]])
+    mask = ops.reshape(mask, (batch, num_blocks, block))  # (B, n, b)
+    return ops.transpose(mask, (1, 0, 2))  # (n, B, b)
+
+
+class BlockMasks:
+    """The mask components, laid out for reading one block pair at a time."""
+
+    def __init__(
+        self,
+        plan,
+        key_padding_mask,
+        query_padding_mask,
+        attention_mask,
+        causal,
+        causal_offset,
+        sliding_window,
+        alibi_slopes=None,
+    ):
+        self.plan = plan
+        self.causal, self.causal_offset = causal, causal_offset
+        self.window = sliding_window
+        # Not a mask but also a function of the block pair's positions. A
+        # copy, made where this call is traced: the backward pass reads the
+        # slopes, and on TensorFlow a gradient function that reads an eager
+        # tensor (slopes made outside a `tf.function`) breaks the gradient of
+        # a `tf.cond` around this call ("Tensor.graph is undefined when eager
+        # execution is enabled"), as in `dot_product_attention`'s by-length
+        # branch.
+        self.alibi = None if alibi_slopes is None else ops.copy(alibi_slopes)
+        key_valid = key_padding_mask
+        if key_valid is None and plan.keys_padded:
+            key_valid = ops.ones((1, plan.key_length), "bool")  # (1, Tk)
+        self.key_blocks = (
+            None
+            if key_valid is None
+            else _flags_to_blocks(
+                key_valid, plan.padded_key_length, plan.key_block, plan.num_key_blocks
+            )
+        )  # (nk, B|1, bk)
+        self.query_blocks = (
+            None
+            if query_padding_mask is None
+            else _flags_to_blocks(
+                query_padding_mask,
+                plan.padded_query_length,
+                plan.query_block,
+                plan.num_query_blocks,
+            )
+        )  # (nq, B, bq)
+        self.explicit = None
+        if attention_mask is not None:
+            self.explicit = ops.pad(
+                attention_mask,
+                [
+                    [0, 0],
+                    [0, 0],
+                    [0, plan.padded_query_length - dim(attention_mask, 2)],
+                    [0, plan.padded_key_length - dim(attention_mask, 3)],
+                ],
+            )  # (B|1, N|1, Tq', Tk'), False in the padding
+            self.explicit_batch = dim(attention_mask, 0)
+            self.explicit_heads = dim(attention_mask, 1)
+
+    @property
+    def any(self):
+        return (
+            self.causal
+            or self.window is not None
+            or self.key_blocks is not None
+            or self.query_blocks is not None
+            or self.explicit is not None
+        )
+
+    def block(self, i, j, query_flags, key_flags):
+        """Boolean mask of block pair `(i, j)`, `(B|1, N|1, bq|1, bk|1)`, or None.
+
+        `query_flags` `(B, bq)` and `key_flags` `(B|1, bk)` are the padding
+        flags of the two blocks (or None).
+        """
+        plan = self.plan
+        mask = None
+        if key_flags is not None:
+            mask = key_flags[:, None, None, :]  # (B|1, 1, 1, bk)
+        if query_flags is not None:
+            rows = query_flags[:, None, :, None]  # (B, 1, bq, 1)
+            mask = rows if mask is None else ops.logical_and(mask, rows)
+        if self.causal or self.window is not None:
+            query_positions, key_positions = self.positions(i, j)
+            visible = band_from_positions(
+                query_positions, key_positions, self.causal, self.window
+            )[None, None]  # (1, 1, bq, bk)
+            mask = visible if mask is None else ops.logical_and(mask, visible)
+        if self.explicit is not None:
+            explicit = ops.slice(
+                self.explicit,
+                [0, 0, i * plan.query_block, j * plan.key_block],
+                [
+                    self.explicit_batch,
+                    self.explicit_heads,
+                    plan.query_block,
+                    plan.key_block,
+                ],
+            )  # (B|1, N|1, bq, bk)
+            mask = explicit if mask is None else ops.logical_and(mask, explicit)
+        return mask
+
+    def positions(self, i, j):
+        """Positions among the keys of block pair `(i, j)`'s queries `(bq,)`
+        (their index plus the offset) and keys `(bk,)`, int32."""
+        plan = self.plan
+        query_positions = (
+            i * plan.query_block
+            + ops.arange(plan.query_block, dtype="int32")
+            + self.causal_offset
+        )  # (bq,)
+        key_positions = j * plan.key_block + ops.arange(
+            plan.key_block, dtype="int32"
+        )  # (bk,)
+        return query_positions, key_positions
+
+    def add_bias(self, logits, i, j):
+        """`logits` `(B, N, bq, bk)` of block pair `(i, j)` plus its ALiBi
+        bias `(1, N, bq, bk)`, when there is one."""
+        if self.alibi is None:
+            return logits
+        query_positions, key_positions = self.positions(i, j)
+        return logits + alibi_bias(self.alibi, key_positions, query_positions)[None]
+
+    def key_block_range(self, i):
+        """Key blocks `[start, end)` that query block `i` can see."""
+        plan = self.plan
+        if not self.causal and self.window is None:
+            return 0, plan.num_key_blocks
+        # Positions among the keys of the block's first and last query.
+        first = i * plan.query_block + self.causal_offset
+        last = first + plan.query_block - 1
+        start, end = 0, plan.num_key_blocks
+        if self.causal:  # keys j <= last
+            end = ops.floor_divide(last, plan.key_block) + 1
+        if self.window is not None:  # keys j > first - window
+            start = ops.floor_divide(first - self.window + 1, plan.key_block)
+            if not self.causal:  # keys j < last + window
+                end = ops.floor_divide(last + self.window - 1, plan.key_block) + 1
+        return _range(start, end, plan.num_key_blocks)
+
+    def query_block_range(self, j):
+        """Query blocks `[start, end)` that can see key block `j`."""
+        plan = self.plan
+        if not self.causal and self.window is None:
+            return 0, plan.num_query_blocks
+        # Query indices q whose position q + offset sees a key of block j.
+        first_key = j * plan.key_block
+        last_key = first_key + plan.key_block - 1
+        start, end = 0, plan.num_query_blocks
+        if self.causal:  # q + offset >= first_key
+            start = ops.floor_divide(first_key - self.causal_offset, plan.query_block)
+        if self.window is not None:  # q + offset < last_key + window
+            last_query = last_key + self.window - 1 - self.causal_offset
+            end = ops.floor_divide(last_query, plan.query_block) + 1
+            if not self.causal:  # q + offset > first_key - window
+                start = ops.floor_divide(
+                    first_key - self.window + 1 - self.causal_offset, plan.query_block
+                )
+        return _range(start, end, plan.num_query_blocks)
+
+
+def _range(start, end, num_blocks):
+    """`[start, end)` clipped to `[0, num_blocks]`, empty rather than reversed."""
+    if not isinstance(start, int):  # else 0: the bounds left as they are
+        start = ops.clip(start, 0, num_blocks)
+    if not isinstance(end, int):
+        end = ops.maximum(ops.clip(end, 0, num_blocks), start)
+    return start, end
+
+
+# -- dropout --------------------------------------------------------------------
+
+
+class BlockDropout:
+    """Keep masks that any pass can regenerate for any block pair.
+
+    The keep decision of weight `(b, n, q, k)` is
+    `keras_attn.ops.counter_random.dropout_factors` of a seed drawn once per
+    call, the row's index `(b, n, q)` among all the rows and the key `k`.
+    """
+
+    def __init__(self, rate, seed_generator, plan):
+        self.rate, self.plan = rate, plan
+        self.seed = counter_random.dropout_seed(seed_generator)
+
+    def scale(self, i, j, batch, heads):
+        """Dropout factors of block pair `(i, j)`: `(B, N, bq, bk)` float32 of
+        0 or `1 / (1 - rate)`."""
+        plan = self.plan
+        rows = _hash.add(
+            _hash.multiply(
+                _hash.u32(
+                    ops.reshape(
+                        ops.arange(batch * heads, dtype="int32"), (batch, heads, 1, 1)
+                    )
+                ),
+                _hash.u32(plan.padded_query_length),
+            ),
+            _hash.u32(
+                i * plan.query_block
+                + ops.reshape(
+                    ops.arange(plan.query_block, dtype="int32"), (1, 1, -1, 1)
+                )
+            ),
+        )  # (B, N, bq, 1): the row's index among all rows
+        keys = _hash.u32(
+            j * plan.key_block + ops.arange(plan.key_block, dtype="int32")
+        )  # (bk,)
+        return counter_random.dropout_factors(self.seed, rows, keys, self.rate)

@@ -1,0 +1,394 @@
+"""The passes of memory-efficient attention over blocks of queries and keys:
+the blocked forward and the backward pass of its custom gradient.
+
+`keras_attn.ops.memory_efficient_attention` cuts its inputs into blocks
+(`keras_attn.ops.blocked_attention`) and calls these:
+
+- one block of all the keys (`plan.single_key_block`): `forward_single`, an
+  ordinary masked softmax per query block, and `backward_single`, one sweep
+  over the query blocks;
+- key blocks: `forward`, an online softmax over the key blocks that keeps
+  each row's log-normaliser, and two backward sweeps that recompute each
+  block's weights from it, `backward_query` (over the key blocks of each
+  query block) and `backward_key_value` (over the query blocks of each key
+  block).
+
+`ops.map` runs over one axis of blocks and `ops.fori_loop` over the other,
+one block at a time on every backend (`_map`, `_fori_loop`).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_attn.ops.blocked_attention import dim
+from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
+
+# -- layouts and block products -------------------------------------------------
+#
+# Layouts: `query_blocks` (nq, B, N, bq, H) holds the queries times the scale;
+# `key_blocks` (nk, B, K, bk, H), `value_blocks` (nk, B, K, bk, Hv), with
+# `K = N / G` key/value heads (`G = plan.groups`, 1 for multi-head attention:
+# the matmuls group the query heads, see `_group`); per-row
+# statistics are (…, bq, 1). Masked logits are set to MASK_VALUE, far enough
+# below any real logit that their exponentials underflow to exactly 0 once a
+# row has met a valid key; rows that never do are zeroed at the end.
+
+
+def _group(x, groups):
+    """`(B, N, b, D)` -> `(B, K, G·b, D)`: the `G = groups` consecutive query
+    heads of each key/value head stacked along the rows (a reshape, no copy),
+    so that one batched matmul pairs query head `n` with key/value head
+    `n // G` and no key or value is repeated."""
+    if groups == 1:
+        return x
+    batch, heads, width = dim(x, 0), dim(x, 1), dim(x, 3)
+    return ops.reshape(x, (batch, heads // groups, -1, width))
+
+
+def _ungroup(x, groups):
+    """`(B, K, G·b, D)` -> `(B, N, b, D)`, the inverse of `_group`."""
+    if groups == 1:
+        return x
+    batch, key_heads, width = dim(x, 0), dim(x, 1), dim(x, 3)
+    return ops.reshape(x, (batch, key_heads * groups, -1, width))
+
+
+def _scores(rows, keys, groups):
+    """`rows @ keysᵀ`: `(B, N, b, D) x (B, K, bk, D) -> (B, N, b, bk)` (the
+    logits from the queries, or the weights' gradient from the upstream
+    gradient and the values)."""
+    return _ungroup(
+        ops.matmul(_group(rows, groups), ops.transpose(keys, (0, 1, 3, 2))), groups
+    )
+
+
+def _weighted(weights, keys, groups):
+    """`weights @ keys`: `(B, N, b, bk) x (B, K, bk, D) -> (B, N, b, D)` (the
+    outputs from the values, or the queries' gradient from the keys)."""
+    return _ungroup(ops.matmul(_group(weights, groups), keys), groups)
+
+
+def _key_side(weights, rows, groups):
+    """`weightsᵀ @ rows`: `(B, N, b, bk), (B, N, b, D) -> (B, K, bk, D)`, a
+    key or value gradient, summed over the query heads of each group (the
+    matmul over the stacked rows of the group sums them)."""
+    return ops.matmul(
+        ops.transpose(_group(weights, groups), (0, 1, 3, 2)), _group(rows, groups)
+    )
+
+
+def _masked_logits(query, key, i, j, masks, query_flags, key_flags):
+    """Logits `(B, N, bq, bk)` float32 of block pair `(i, j)`, masked entries
+    at MASK_VALUE, and the block's mask (or None)."""
+    logits = _scores(query, key, masks.plan.groups)
+    logits = masks.add_bias(logits, i, j)
+    mask = masks.block(i, j, query_flags, key_flags) if masks.any else None
+    if mask is not None:
+        logits = ops.where(mask, logits, MASK_VALUE)
+    return logits, mask
+
+
+def _fori_loop(lower, upper, body, init):
+    """`ops.fori_loop` that runs one iteration at a time on every backend.
+
+    On TensorFlow, `keras.ops.fori_loop` is a `tf.while_loop` with its default
+    `parallel_iterations=10`: the block products of later iterations depend
+    only on the counter, so up to ten blocks' temporaries would be alive at
+    once (and ten times that with a loop inside a loop). There is no public
+    Keras argument for it, hence the TensorFlow call here.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.fori_loop(lower, upper, body, init)
+    import tensorflow as tf
+
+    return tf.while_loop(
+        lambda i, _: i < upper,
+        lambda i, carry: (i + 1, body(i, carry)),
+        (lower, init),
+        parallel_iterations=1,
+    )[1]
+
+
+def _map(f, xs, num_outputs: int = 1):
+    """`ops.map` that runs one element at a time on every backend.
+
+    On TensorFlow, `keras.ops.map` is a `tf.map_fn` with up to ten elements in
+    flight (and it calls `f` once more to learn the output signature): see
+    `_fori_loop`. `f` returns `num_outputs` float32 tensors (one tensor, or a
+    tuple of them).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.map(f, xs)
+    import tensorflow as tf
+
+    spec = tf.TensorSpec(None, "float32")
+    signature = spec if num_outputs == 1 else (spec,) * num_outputs
+    return tf.map_fn(f, xs, fn_output_signature=signature, parallel_iterations=1)
+
+
+def _take(blocks, index):
+    return None if blocks is None else ops.take(blocks, index, axis=0)
+
+
+def _flags_or_dummy(flags, num_blocks):
+    """`ops.map` needs tensors: a `(n,)` stand-in when there are no flags."""
+    return ops.zeros((num_blocks,), "bool") if flags is None else flags
+
+
+def _real_flags(flags, masks_flags):
+    return None if masks_flags is None else flags
+
+
+def _block_index_mask(num_blocks, i):
+    """`(n, 1, 1, 1, 1)` bool, True at block `i`."""
+    return ops.reshape(
+        ops.equal(ops.arange(num_blocks, dtype="int32"), i), (-1, 1, 1, 1, 1)
+    )
+
+
+# One block of all the keys: each query block is an ordinary masked softmax.
+
+
+def _single_block_weights(query, key, i, masks, query_flags, key_flags):
+    """Weights `(B, N, bq, Tk)` float32 of query block `i` against all keys."""
+    logits = _scores(query, key, masks.plan.groups)  # (B, N, bq, Tk)
+    logits = masks.add_bias(logits, i, 0)
+    mask = masks.block(i, 0, query_flags, key_flags) if masks.any else None
+    return masked_softmax(logits, mask)
+
+
+def forward_single(query_blocks, key, value, plan, masks, dropout):
+    """Outputs `(nq, B, N, bq, Hv)`; `key` `(B, K, Tk, H)`, `value` `(B, K, Tk, Hv)`."""
+    batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
+    key_flags = _take(masks.key_blocks, 0)  # (B|1, Tk) or None
+
+    def query_block(elements):
+        query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
+        query_flags = _real_flags(query_flags, masks.query_blocks)
+        weights = _single_block_weights(query, key, i, masks, query_flags, key_flags)
+        if dropout is not None:
+            weights = weights * dropout.scale(i, 0, batch, heads)
+        return _weighted(weights, value, plan.groups)  # (B, N, bq, Hv)
+
+    return _map(
+        query_block,
+        (
+            query_blocks,
+            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+            ops.arange(plan.num_query_blocks, dtype="int32"),
+        ),
+    )
+
+
+def backward_single(saved, key, value, plan, masks, dropout):
+    """Gradients of the scaled query blocks, of the keys and of the values in
+    one sweep over the query blocks."""
+    query_blocks, upstream_blocks, delta = saved
+    batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
+    key_flags = _take(masks.key_blocks, 0)
+
+    def query_step(i, carry):
+        d_query, d_key, d_value = carry
+        query = ops.take(query_blocks, i, axis=0)  # (B, N, bq, H)
+        upstream = ops.take(upstream_blocks, i, axis=0)  # (B, N, bq, Hv)
+        weights = _single_block_weights(
+            query, key, i, masks, _take(masks.query_blocks, i), key_flags
+        )  # (B, N, bq, Tk)
+        d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, Tk)
+        dropped = weights
+        if dropout is not None:
+            factors = dropout.scale(i, 0, batch, heads)
+            dropped, d_weights = weights * factors, d_weights * factors
+        d_value = d_value + _key_side(dropped, upstream, plan.groups)  # (B, K, Tk, Hv)
+        d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
+        d_key = d_key + _key_side(d_logits, query, plan.groups)  # (B, K, Tk, H)
+        block_d_query = _weighted(d_logits, key, plan.groups)  # (B, N, bq, H)
+        d_query = ops.where(
+            _block_index_mask(plan.num_query_blocks, i), block_d_query[None], d_query
+        )  # (nq, B, N, bq, H)
+        return d_query, d_key, d_value
+
+    return _fori_loop(
+        0,
+        plan.num_query_blocks,
+        query_step,
+        (ops.zeros_like(query_blocks), ops.zeros_like(key), ops.zeros_like(value)),
+    )
+
+
+# Key blocks: an online softmax over them, and two backward sweeps.
+
+
+def forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
+    """Outputs `(nq, B, N, bq, Hv)` and log-normalisers `(nq, B, N, bq, 1)`.
+
+    Each block pair contributes its block-normalised output `softmax(s) v`
+    and its log-normaliser; the running output is the mixture of the blocks'
+    outputs weighted by their share of the row's total normaliser.
+    """
+    batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
+
+    def query_block(elements):
+        query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
+        query_flags = _real_flags(query_flags, masks.query_blocks)
+        rows = (batch, heads, plan.query_block, 1)
+
+        def key_step(j, carry):
+            log_normaliser, outputs = carry  # (B, N, bq, 1), (B, N, bq, Hv)
+            logits, _ = _masked_logits(
+                query,
+                ops.take(key_blocks, j, axis=0),
+                i,
+                j,
+                masks,
+                query_flags,
+                _take(masks.key_blocks, j),
+            )  # (B, N, bq, bk)
+            weights = ops.softmax(logits, axis=-1)  # block-normalised
+            # The largest block weight is exp(0) / Σ exp(s - max s).
+            block_log_normaliser = ops.max(logits, axis=-1, keepdims=True) - ops.log(
+                ops.max(weights, axis=-1, keepdims=True)
+            )  # (B, N, bq, 1)
+            if dropout is not None:
+                weights = weights * dropout.scale(i, j, batch, heads)
+            block_outputs = _weighted(
+                weights, ops.take(value_blocks, j, axis=0), plan.groups
+            )  # (B, N, bq, Hv)
+            new_log_normaliser = ops.logaddexp(log_normaliser, block_log_normaliser)
+            outputs = outputs * ops.exp(
+                log_normaliser - new_log_normaliser
+            ) + block_outputs * ops.exp(block_log_normaliser - new_log_normaliser)
+            return new_log_normaliser, outputs
+
+        start, end = masks.key_block_range(i)
+        log_normaliser, outputs = _fori_loop(
+            start,
+            end,
+            key_step,
+            (
+                ops.full(rows, 2.0 * MASK_VALUE, "float32"),
+                ops.zeros(
+                    (batch, heads, plan.query_block, dim(value_blocks, 4)), "float32"
+                ),
+            ),
+        )
+        # A row that met no valid key has a log-normaliser near MASK_VALUE.
+        has_keys = ops.greater(log_normaliser, 0.5 * MASK_VALUE)  # (B, N, bq, 1)
+        outputs = ops.where(has_keys, outputs, 0.0)
+        # 0 for those rows, so that exp(MASK_VALUE - 0) = 0 when recomputing.
+        log_normaliser = ops.where(has_keys, log_normaliser, 0.0)
+        return outputs, log_normaliser
+
+    return _map(
+        query_block,
+        (
+            query_blocks,
+            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+            ops.arange(plan.num_query_blocks, dtype="int32"),
+        ),
+        num_outputs=2,
+    )
+
+
+def _block_weights(query, log_normaliser, key, i, j, masks, query_flags, key_flags):
+    """Recomputed normalised weights `(B, N, bq, bk)` float32 of block `(i, j)`."""
+    logits, _ = _masked_logits(query, key, i, j, masks, query_flags, key_flags)
+    return ops.exp(logits - log_normaliser)
+
+
+def backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
+    """Gradients of the scaled query blocks: `(nq, B, N, bq, H)`."""
+    query_blocks, upstream_blocks, log_normaliser, delta = saved
+    batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
+
+    def query_block(elements):
+        query, upstream, row_log_normaliser, row_delta, query_flags, i = elements
+        query_flags = _real_flags(query_flags, masks.query_blocks)
+
+        def key_step(j, d_query):
+            key = ops.take(key_blocks, j, axis=0)  # (B, K, bk, H)
+            value = ops.take(value_blocks, j, axis=0)  # (B, K, bk, Hv)
+            weights = _block_weights(
+                query,
+                row_log_normaliser,
+                key,
+                i,
+                j,
+                masks,
+                query_flags,
+                _take(masks.key_blocks, j),
+            )  # (B, N, bq, bk)
+            d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, bk)
+            if dropout is not None:
+                d_weights = d_weights * dropout.scale(i, j, batch, heads)
+            d_logits = weights * (d_weights - row_delta)  # (B, N, bq, bk)
+            return d_query + _weighted(d_logits, key, plan.groups)
+
+        start, end = masks.key_block_range(i)
+        return _fori_loop(start, end, key_step, ops.zeros_like(query))
+
+    return _map(
+        query_block,
+        (
+            query_blocks,
+            upstream_blocks,
+            log_normaliser,
+            delta,
+            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+            ops.arange(plan.num_query_blocks, dtype="int32"),
+        ),
+    )
+
+
+def backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
+    """Gradients of the key and value blocks: `(nk, B, K, bk, H|Hv)` each."""
+    query_blocks, upstream_blocks, log_normaliser, delta = saved
+    batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
+
+    def key_block(elements):
+        key, value, key_flags, j = elements
+        key_flags = _real_flags(key_flags, masks.key_blocks)
+
+        def query_step(i, carry):
+            d_key, d_value = carry
+            query = ops.take(query_blocks, i, axis=0)  # (B, N, bq, H)
+            upstream = ops.take(upstream_blocks, i, axis=0)  # (B, N, bq, Hv)
+            weights = _block_weights(
+                query,
+                ops.take(log_normaliser, i, axis=0),
+                key,
+                i,
+                j,
+                masks,
+                _take(masks.query_blocks, i),
+                key_flags,
+            )  # (B, N, bq, bk)
+            d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, bk)
+            dropped = weights
+            if dropout is not None:
+                factors = dropout.scale(i, j, batch, heads)
+                dropped, d_weights = weights * factors, d_weights * factors
+            d_value = d_value + _key_side(
+                dropped, upstream, plan.groups
+            )  # (B, K, bk, Hv)
+            d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
+            d_key = d_key + _key_side(d_logits, query, plan.groups)  # (B, K, bk, H)
+            return d_key, d_value
+
+        start, end = masks.query_block_range(j)
+        return _fori_loop(
+            start, end, query_step, (ops.zeros_like(key), ops.zeros_like(value))
+        )
+
+    return _map(
+        key_block,
+        (
+            key_blocks,
+            value_blocks,
+            _flags_or_dummy(masks.key_blocks, plan.num_key_blocks),
+            ops.arange(plan.num_key_blocks, dtype="int32"),
+        ),
+        num_outputs=2,
+    )
