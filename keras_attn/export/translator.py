@@ -29,8 +29,7 @@ def translator_serving_fns(
     # Fresh copies, tracked by the export (their vocabularies become its
     # assets or constants).
     source, target = (
-        type(tokenizer).from_config(tokenizer.get_config())
-        for tokenizer in (source_tokenizer, target_tokenizer)
+        tokenizer.copy() for tokenizer in (source_tokenizer, target_tokenizer)
     )
     decode = translator.decoding_fn(
         max_length, beam_width, length_penalty, nearest_neighbors

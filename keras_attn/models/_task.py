@@ -12,15 +12,40 @@ PAD_ID, START_ID, END_ID = 0, 2, 3
 
 
 def serialize_tokenizer(tokenizer):
-    """A tokenizer layer's config for `get_config` (None stays None)."""
+    """A tokenizer layer's config for `get_config` (None stays None). It
+    records no vocabulary: Keras' saving writes that as the tokenizer's asset
+    file (`save_assets`), found as the task's attribute, and reads it back
+    (`load_assets`) into the tokenizer `deserialize_tokenizer` made."""
     if tokenizer is None:
         return None
-    return keras.saving.serialize_keras_object(tokenizer)
+    config = keras.saving.serialize_keras_object(tokenizer)
+    if _sharing_objects():
+        # Saving a model, Keras names an object it serializes twice
+        # (`shared_object_id`) from the second time on, and in the config it
+        # kept of the first; but an enclosing config (an ensemble's members)
+        # has copied that one by then. Named from the first, every copy names
+        # the one tokenizer, which loads as one object: its vocabulary is an
+        # asset, saved once.
+        config["shared_object_id"] = id(tokenizer)
+    return config
+
+
+def _sharing_objects() -> bool:
+    """Whether Keras is serializing in its object-sharing scope (as
+    `model.save` does)."""
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:  # pragma: no cover - Keras moved it
+        return False
+    found = global_state.get_global_attribute("shared_objects/id_to_config_map")
+    return found is not None
 
 
 def deserialize_tokenizer(config):
     """A tokenizer layer from `serialize_tokenizer`'s config (importing
-    `keras_attn.text`, whose tokenizers register themselves, on TensorFlow)."""
+    `keras_attn.text`, whose tokenizers register themselves, on TensorFlow):
+    without its vocabulary until `load_assets`, unless the config holds it
+    inline (as files saved before vocabularies were assets do)."""
     if config is None or isinstance(config, keras.layers.Layer):
         return config
     import keras_attn.text  # noqa: F401  registers the tokenizer classes

@@ -11,9 +11,11 @@ task.weights.h5      the weights outside `backbone` (the head; a
 preprocessor.json    the task's preprocessor (`task.preprocessor`: strings ->
                      its inputs), its tokenizers' vocabularies in assets/
 tokenizer.json       the tokenizer's config (a translator's source tokenizer;
-                     target_tokenizer.json holds its target one)
-assets/tokenizer/    the tokenizer's vocabulary file (vocabulary.spm, a
-                     SentencePiece model, or vocabulary.txt, WordPiece's)
+                     target_tokenizer.json holds its target one), which
+                     records no vocabulary
+assets/tokenizer/    the tokenizer's assets, its vocabulary file (what its
+                     `save_assets` writes: vocabulary.spm, a SentencePiece
+                     model, or vocabulary.txt, WordPiece's)
 metadata.json        versions, the backbone's parameter count, date
 ```
 
@@ -30,9 +32,9 @@ them).
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
+import shutil
 from pathlib import Path
 
 import keras
@@ -44,14 +46,13 @@ TASK_WEIGHTS_FILE = "task.weights.h5"
 PREPROCESSOR_CONFIG_FILE = "preprocessor.json"
 METADATA_FILE = "metadata.json"
 ASSET_DIR = "assets"
-# The config keys of a task's tokenizers -> their files in the preset.
+# The config keys (and attributes) of a task's tokenizers -> their files in
+# the preset; each tokenizer's assets go to `assets/<file name's stem>/`.
 TOKENIZER_FILES = {
     "tokenizer": "tokenizer.json",
     "source_tokenizer": "tokenizer.json",
     "target_tokenizer": "target_tokenizer.json",
 }
-# A tokenizer config's inline vocabulary -> its asset file.
-VOCABULARY_ASSETS = {"proto": "vocabulary.spm", "vocabulary": "vocabulary.txt"}
 
 
 def save_to_preset(task, preset_dir) -> Path:
@@ -62,22 +63,22 @@ def save_to_preset(task, preset_dir) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     save_backbone(task.backbone, directory)
     config = keras.saving.serialize_keras_object(task)
-    tokenizers = {}  # config key -> its config, the vocabulary in assets/
+    saved = False  # any tokenizer
     for key, file_name in TOKENIZER_FILES.items():
         tokenizer = config["config"].get(key)
         if key in config["config"]:
             config["config"][key] = None  # in its own file
         if tokenizer is not None:
-            tokenizers[key] = _tokenizer_without_vocabulary(
-                tokenizer, directory, file_name
-            )
-            _write_json(directory / file_name, tokenizers[key])
+            _write_json(directory / file_name, tokenizer)
+            assets = _asset_dir(directory, file_name)
+            if assets.exists():
+                shutil.rmtree(assets)  # of an earlier tokenizer saved here
+            assets.mkdir(parents=True)
+            getattr(task, key).save_assets(str(assets))
+            saved = True
     preprocessor = directory / PREPROCESSOR_CONFIG_FILE
-    if tokenizers:
+    if saved:
         found = keras.saving.serialize_keras_object(task.preprocessor)
-        found["config"].update(
-            {key: value for key, value in tokenizers.items() if key in found["config"]}
-        )
         _write_json(preprocessor, found)
     elif preprocessor.exists():
         preprocessor.unlink()  # of an earlier task saved here
@@ -198,69 +199,38 @@ def _has_task_weights(task) -> bool:
     return any(id(weight) not in backbone for weight in task.weights)
 
 
-def _tokenizer_without_vocabulary(config: dict, directory: Path, file_name: str):
-    """A tokenizer's config whose inline vocabulary is written to its asset
-    file instead (`None` in the config, as keras-hub's tokenizers save)."""
-    config = {**config, "config": dict(config["config"])}
-    assets = directory / ASSET_DIR / file_name.split(".")[0]
-    for key, asset in VOCABULARY_ASSETS.items():
-        value = config["config"].get(key)
-        if value is None:
-            continue
-        assets.mkdir(parents=True, exist_ok=True)
-        if key == "proto":
-            (assets / asset).write_bytes(base64.b64decode(value))
-        else:
-            (assets / asset).write_text("".join(f"{piece}\n" for piece in value))
-        config["config"][key] = None  # in its asset file
-    return config
-
-
 def load_preprocessor(preset):
     """The preprocessor of a task's preset directory (its
     `preprocessor.json`, the vocabularies from `assets/`): a Keras layer
     from strings to the task's inputs."""
     directory = _preset_dir(preset)
     config = _read_json(directory, PREPROCESSOR_CONFIG_FILE)
-    config = {**config, "config": dict(config["config"])}
-    for key, file_name in TOKENIZER_FILES.items():
-        if isinstance(config["config"].get(key), dict):
-            config["config"][key] = _with_vocabulary(
-                config["config"][key], directory, file_name
-            )
     import keras_attn.text  # noqa: F401  registers the preprocessor classes
 
-    return keras.saving.deserialize_keras_object(config)
+    preprocessor = keras.saving.deserialize_keras_object(config)
+    for key, file_name in TOKENIZER_FILES.items():
+        if isinstance(config["config"].get(key), dict):
+            getattr(preprocessor, key).load_assets(
+                str(_asset_dir(directory, file_name))
+            )
+    return preprocessor
 
 
 def _read_tokenizer(directory: Path, file_name: str):
+    """A tokenizer of the preset: its config, then its assets (its
+    vocabulary) through its `load_assets`."""
     import keras_attn.text  # noqa: F401  registers the tokenizer classes
 
     config = _read_json(directory, file_name)
-    return keras.saving.deserialize_keras_object(
-        _with_vocabulary(config, directory, file_name)
-    )
+    tokenizer = keras.saving.deserialize_keras_object(config)
+    tokenizer.load_assets(str(_asset_dir(directory, file_name)))
+    return tokenizer
 
 
-def _with_vocabulary(config: dict, directory: Path, file_name: str) -> dict:
-    """A tokenizer config of the preset with its vocabulary read back from
-    its asset file."""
-    config = {**config, "config": dict(config["config"])}
-    assets = directory / ASSET_DIR / file_name.split(".")[0]
-    for key, asset in VOCABULARY_ASSETS.items():
-        if key in config["config"] and config["config"][key] is None:
-            path = assets / asset
-            if not path.exists():
-                raise ValueError(
-                    f"The preset's {file_name} needs {path}, which is missing. "
-                    f"Received: preset={str(directory)!r}"
-                )
-            if key == "proto":
-                value = base64.b64encode(path.read_bytes()).decode("ascii")
-            else:
-                value = path.read_text("utf-8").split("\n")[:-1]
-            config["config"][key] = value
-    return config
+def _asset_dir(directory: Path, file_name: str) -> Path:
+    """Where the tokenizer of `file_name` keeps its assets (keras-hub's
+    layout: `assets/tokenizer/` for `tokenizer.json`)."""
+    return directory / ASSET_DIR / file_name.split(".")[0]
 
 
 def _write_metadata(model, directory: Path) -> None:

@@ -160,8 +160,7 @@ class _ClassifierTask:
         )
 
         def build():
-            config = {**tokenizer.get_config(), "sequence_length": max_length}
-            return type(tokenizer).from_config(config)
+            return tokenizer.copy(sequence_length=max_length)
 
         # Built once per tokenizer and length (building parses the vocabulary).
         key = ("dense_tokenizer", max_length)

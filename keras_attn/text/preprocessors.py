@@ -77,8 +77,7 @@ class TextClassifierPreprocessor(_Preprocessor):
         super().__init__(**kwargs)
         self.tokenizer = v.check_tokenizer("tokenizer", tokenizer, allow_none=False)
         self.sequence_length = v.check_positive_int("sequence_length", sequence_length)
-        config = {**tokenizer.get_config(), "sequence_length": sequence_length}
-        self._dense_tokenizer = type(tokenizer).from_config(config)
+        self._dense_tokenizer = tokenizer.copy(sequence_length=sequence_length)
 
     def call(self, x, y=None, sample_weight=None):
         token_ids = self._dense_tokenizer.tokenize(self._strings(x))

@@ -22,9 +22,97 @@ from keras_attn.text.vocabulary import (
 )
 
 
+class _SharedVocabulary:
+    """A tokenizer's vocabulary and what is computed from it, shared by the
+    tokenizer and its copies (`TokenizerLayer.copy`): a vocabulary given
+    later (`load_assets`, `set_proto`, `set_vocabulary`) reaches them all."""
+
+    def __init__(self):
+        self.value = None
+        self.derived = {}  # computed from `value`; emptied when it changes
+
+    def set(self, value, derived=None):
+        self.value = value
+        self.derived = dict(derived or {})
+
+
 class TokenizerLayer(keras.layers.Layer):
     """What the tokenizer layers share: calling the layer tokenizes, into a
-    dense `[..., sequence_length]` tensor or a ragged one."""
+    dense `[..., sequence_length]` tensor or a ragged one.
+
+    The vocabulary is not in the config (`get_config` records `None`, as
+    keras-hub's tokenizers do): Keras saves it as an asset file
+    (`save_assets`: `assets/.../vocabulary.spm` or `vocabulary.txt` in a
+    `.keras` file or a preset) and `keras.saving.load_model` and
+    `from_preset` read it back (`load_assets`). A tokenizer made from a
+    config alone has no vocabulary until then, and says so when used.
+    """
+
+    # The vocabulary's asset file (set by each tokenizer class).
+    VOCABULARY_FILE = None
+
+    def _init_vocabulary(self):
+        # A plain object, out of Keras' tracking and of the saving walk.
+        self._shared_vocabulary = _SharedVocabulary()
+        self._is_copy = False
+
+    @property
+    def has_vocabulary(self) -> bool:
+        """Whether the tokenizer has its vocabulary (one made from a config
+        gets it from `load_assets`)."""
+        return self._shared_vocabulary.value is not None
+
+    def _vocabulary(self):
+        """The vocabulary and what was computed from it, or a `ValueError`
+        saying how to give one."""
+        shared = self._shared_vocabulary
+        if shared.value is None:
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r} has no vocabulary. Its "
+                "config records none (the vocabulary is saved as an asset "
+                "file): a tokenizer made from a config alone gets it from "
+                "`load_assets(dir_path)`, as `keras.saving.load_model` and "
+                f"`from_preset` call it, or from `{self._SET_VOCABULARY}`."
+            )
+        return shared
+
+    def copy(self, **changes):
+        """A tokenizer of this class with this one's config and `changes`
+        (say `sequence_length=64`), sharing this one's vocabulary.
+
+        The copy is a view of this tokenizer for code that needs other
+        settings (a dense copy for a classifier's inputs): a vocabulary this
+        tokenizer gets later (`load_assets`, `set_proto`,
+        `set_vocabulary`) reaches the copy too, and the copy writes no asset
+        file of its own (`save_assets`), so a saved model holding both
+        carries the vocabulary once. Save the original: a copy saved
+        without it loads without a vocabulary. For an independent tokenizer,
+        pass the vocabulary to the constructor.
+        """
+        copy = type(self).from_config({**self.get_config(), **changes})
+        copy._shared_vocabulary = self._shared_vocabulary
+        copy._is_copy = True
+        return copy
+
+    def save_assets(self, dir_path):
+        """Write the vocabulary to `dir_path` (Keras' saving calls this: the
+        vocabulary is an asset of `.keras` files and presets, not part of
+        the config). A copy (`copy`), or a tokenizer without a vocabulary,
+        writes nothing."""
+        if self._is_copy or not self.has_vocabulary:
+            return
+        self._write_vocabulary(Path(dir_path) / self.VOCABULARY_FILE)
+
+    def load_assets(self, dir_path):
+        """Read the vocabulary `save_assets` wrote to `dir_path`. Without
+        the file (a file saved before vocabularies were assets holds it in
+        its config; Keras passes `None` for a path with no assets), the
+        tokenizer keeps the vocabulary it has."""
+        if dir_path is None:
+            return
+        path = Path(dir_path) / self.VOCABULARY_FILE
+        if path.is_file():
+            self._load_vocabulary(path)
 
     def call(self, inputs):
         return self.tokenize(inputs)
@@ -86,9 +174,13 @@ class SubwordTokenizer(TokenizerLayer):
     calling the layer (`tokenizer(texts)`, i.e. `tokenize`) inside a model
     needs the TensorFlow backend.
 
+    The SentencePiece model is saved as an asset file (`vocabulary.spm`),
+    not in the config (see `TokenizerLayer`).
+
     Args:
         proto: the SentencePiece model, as the bytes of a `.model` file or its
-            path.
+            path; or `None`, for a tokenizer that gets its model later
+            (`set_proto`, `load_assets`).
         sequence_length: if set, `tokenize` returns a dense `int32` tensor of
             this length: longer token sequences are truncated, shorter ones
             padded with `pad_id`. If `None`, a `tf.RaggedTensor`.
@@ -110,16 +202,12 @@ class SubwordTokenizer(TokenizerLayer):
     start_id = START_ID
     end_id = END_ID
 
-    def __init__(self, proto, sequence_length: int | None = None, **kwargs):
+    VOCABULARY_FILE = "vocabulary.spm"
+    _SET_VOCABULARY = "set_proto(proto)"
+
+    def __init__(self, proto=None, sequence_length: int | None = None, **kwargs):
         kwargs.setdefault("trainable", False)
         super().__init__(**kwargs)
-        if isinstance(proto, (str, os.PathLike)):
-            proto = Path(proto).expanduser().read_bytes()
-        if not isinstance(proto, bytes) or not proto:
-            raise ValueError(
-                "`proto` must be the bytes of a SentencePiece model or the path of "
-                f"one. Received: proto of type {type(proto)}"
-            )
         if sequence_length is not None and (
             not isinstance(sequence_length, int) or sequence_length < 1
         ):
@@ -127,17 +215,41 @@ class SubwordTokenizer(TokenizerLayer):
                 "`sequence_length` must be a positive int or None. "
                 f"Received: {sequence_length=}"
             )
-        self.proto = proto
         self.sequence_length = sequence_length
+        self._init_vocabulary()
+        self.set_proto(proto)
+        self.built = True
+
+    @property
+    def proto(self) -> bytes | None:
+        """The SentencePiece model's bytes (`None` until it has one)."""
+        return self._shared_vocabulary.value
+
+    def set_proto(self, proto) -> None:
+        """Give the tokenizer its SentencePiece model (the bytes of a
+        `.model` file or its path; `None` leaves it without one), shared
+        with its copies."""
+        if proto is None:
+            self._shared_vocabulary.set(None)
+            return
+        if isinstance(proto, (str, os.PathLike)):
+            proto = Path(proto).expanduser().read_bytes()
+        if not isinstance(proto, bytes) or not proto:
+            raise ValueError(
+                "`proto` must be the bytes of a SentencePiece model or the path of "
+                f"one. Received: proto of type {type(proto)}"
+            )
         try:
+            sentencepiece = tf_text.SentencepieceTokenizer(
+                model=proto, out_type=tf.int32
+            )
             specials = [
                 token.decode("utf-8")
-                for token in self._eager(
-                    lambda sp: sp.id_to_string(
-                        tf.constant([PAD_ID, UNK_ID, START_ID, END_ID])
-                    )
+                for token in sentencepiece.id_to_string(
+                    tf.constant([PAD_ID, UNK_ID, START_ID, END_ID])
                 ).numpy()
             ]
+            vocabulary_size = int(sentencepiece.vocab_size())
         except (tf.errors.OpError, ValueError) as error:
             raise ValueError(
                 f"`proto` is not a SentencePiece model: {error}"
@@ -148,8 +260,15 @@ class SubwordTokenizer(TokenizerLayer):
                 f"The model's ids 0-3 are {specials}; expected {expected}. Train it "
                 "with keras_attn.text.train_subword_vocabulary."
             )
-        self._vocabulary_size = int(self._eager(lambda sp: sp.vocab_size()))
-        self.built = True
+        self._shared_vocabulary.set(
+            proto, {"size": vocabulary_size, "eager": sentencepiece}
+        )
+
+    def _write_vocabulary(self, path: Path) -> None:
+        path.write_bytes(self.proto)
+
+    def _load_vocabulary(self, path: Path) -> None:
+        self.set_proto(path.read_bytes())
 
     def _graph_sentencepiece(self):
         """A TensorFlow Text tokenizer built in the graph being traced.
@@ -163,15 +282,18 @@ class SubwordTokenizer(TokenizerLayer):
         function the model op is created in that graph (its kernel, and the
         model, belong to the graph), and the eager one is rebuilt when needed.
         """
-        return tf_text.SentencepieceTokenizer(model=self.proto, out_type=tf.int32)
+        proto = self._vocabulary().value
+        return tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
 
     def _eager_sentencepiece(self, rebuild=False):
-        if rebuild or self.__dict__.get("_eager_tokenizer") is None:
-            # Kept out of Keras/TF tracking: graphs never capture it.
-            self.__dict__["_eager_tokenizer"] = tf_text.SentencepieceTokenizer(
-                model=self.proto, out_type=tf.int32
+        # Kept with the vocabulary, out of Keras/TF tracking: graphs never
+        # capture it.
+        shared = self._vocabulary()
+        if rebuild or shared.derived.get("eager") is None:
+            shared.derived["eager"] = tf_text.SentencepieceTokenizer(
+                model=shared.value, out_type=tf.int32
             )
-        return self.__dict__["_eager_tokenizer"]
+        return shared.derived["eager"]
 
     def _eager(self, fn):
         """Run `fn(tokenizer)` eagerly, rebuilding a resource that was cleared."""
@@ -183,20 +305,18 @@ class SubwordTokenizer(TokenizerLayer):
     @property
     def vocabulary_size(self) -> int:
         """Number of ids, special and byte pieces included."""
-        return self._vocabulary_size
+        return self._vocabulary().derived["size"]
 
     def get_vocabulary(self) -> list[str]:
         """The pieces, indexed by id."""
-        pieces = self._eager(
-            lambda sp: sp.id_to_string(tf.range(self._vocabulary_size))
-        )
+        size = self.vocabulary_size
+        pieces = self._eager(lambda sp: sp.id_to_string(tf.range(size)))
         return [piece.decode("utf-8") for piece in pieces.numpy()]
 
     def id_to_token(self, id: int) -> str:
-        if not 0 <= id < self._vocabulary_size:
-            raise ValueError(
-                f"`id` must be in [0, {self._vocabulary_size}). Received: {id=}"
-            )
+        size = self.vocabulary_size
+        if not 0 <= id < size:
+            raise ValueError(f"`id` must be in [0, {size}). Received: {id=}")
         return self._eager(lambda sp: sp.id_to_string(id)).numpy().decode("utf-8")
 
     def token_to_id(self, token: str) -> int:
@@ -248,7 +368,10 @@ class SubwordTokenizer(TokenizerLayer):
             # Sampling: nbest_size -1 draws from every segmentation. Built where
             # it is used, like `_graph_sentencepiece` (a tf.data map traces it).
             ids = tf_text.SentencepieceTokenizer(
-                model=self.proto, out_type=tf.int32, nbest_size=-1, alpha=alpha
+                model=self._vocabulary().value,
+                out_type=tf.int32,
+                nbest_size=-1,
+                alpha=alpha,
             ).tokenize(inputs)  # (B, None)
         elif tf.executing_eagerly():
             ids = self._eager(lambda sp: sp.tokenize(inputs))  # (B, None)
@@ -285,9 +408,10 @@ class SubwordTokenizer(TokenizerLayer):
 
     def save_proto(self, path: str | os.PathLike) -> Path:
         """Write the SentencePiece model to `path` (load it with `from_file`)."""
+        proto = self._vocabulary().value
         path = Path(path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self.proto)
+        path.write_bytes(proto)
         return path
 
     @classmethod
@@ -299,7 +423,7 @@ class SubwordTokenizer(TokenizerLayer):
         config = super().get_config()
         config.update(
             {
-                "proto": base64.b64encode(self.proto).decode("ascii"),
+                "proto": None,  # an asset file (`save_assets`)
                 "sequence_length": self.sequence_length,
             }
         )
@@ -308,5 +432,7 @@ class SubwordTokenizer(TokenizerLayer):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        config["proto"] = base64.b64decode(config["proto"])
+        if isinstance(config.get("proto"), str):
+            # Saved before the model was an asset: inline, in base64.
+            config["proto"] = base64.b64decode(config["proto"])
         return cls(**config)

@@ -35,9 +35,14 @@ class WordPieceTokenizer(TokenizerLayer):
     its inputs in pretraining. `[PAD]` must be id 0, the padding id of the
     pipelines and of `mask_zero` embeddings (it is in BERT vocabularies).
 
+    The vocabulary is saved as an asset file (`vocabulary.txt`, one piece a
+    line), not in the config (see `TokenizerLayer`).
+
     Args:
         vocabulary: the word pieces, indexed by id (a list of strings), or the
-            path of a `vocab.txt` file with one piece per line.
+            path of a `vocab.txt` file with one piece per line; or `None`, for
+            a tokenizer that gets its vocabulary later (`set_vocabulary`,
+            `load_assets`).
         lowercase: lower-case and strip accents first (uncased models).
         max_length: if set, the longest output in tokens, `[CLS]` and `[SEP]`
             included: longer texts lose their last word pieces and keep
@@ -57,10 +62,12 @@ class WordPieceTokenizer(TokenizerLayer):
     """
 
     pad_id = PAD_ID
+    VOCABULARY_FILE = "vocabulary.txt"
+    _SET_VOCABULARY = "set_vocabulary(vocabulary)"
 
     def __init__(
         self,
-        vocabulary,
+        vocabulary=None,
         lowercase: bool = True,
         max_length: int | None = None,
         sequence_length: int | None = None,
@@ -68,6 +75,38 @@ class WordPieceTokenizer(TokenizerLayer):
     ):
         kwargs.setdefault("trainable", False)
         super().__init__(**kwargs)
+        if not isinstance(lowercase, bool):
+            raise ValueError(f"`lowercase` must be a bool. Received: {lowercase=}")
+        for name, value, least in (
+            ("max_length", max_length, 3),
+            ("sequence_length", sequence_length, 3),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < least
+            ):
+                raise ValueError(
+                    f"`{name}` must be an int of at least {least} ([CLS], a piece "
+                    f"and [SEP]) or None. Received: {name}={value!r}"
+                )
+        self.lowercase = lowercase
+        self.max_length = max_length
+        self.sequence_length = sequence_length
+        self._init_vocabulary()
+        self.set_vocabulary(vocabulary)
+        self.built = True
+
+    @property
+    def vocabulary(self) -> list[str] | None:
+        """The word pieces, indexed by id (`None` until it has them)."""
+        return self._shared_vocabulary.value
+
+    def set_vocabulary(self, vocabulary) -> None:
+        """Give the tokenizer its word pieces (a list of strings or the path
+        of a `vocab.txt`; `None` leaves it without), shared with its
+        copies."""
+        if vocabulary is None:
+            self._shared_vocabulary.set(None)
+            return
         if isinstance(vocabulary, (str, os.PathLike)):
             vocabulary = read_vocabulary(vocabulary)
         if (
@@ -95,43 +134,51 @@ class WordPieceTokenizer(TokenizerLayer):
                 f"`vocabulary` must have {PAD_TOKEN} at id {PAD_ID}. "
                 f"Received: {vocabulary[PAD_ID]!r} at id {PAD_ID}"
             )
-        if not isinstance(lowercase, bool):
-            raise ValueError(f"`lowercase` must be a bool. Received: {lowercase=}")
-        for name, value, least in (
-            ("max_length", max_length, 3),
-            ("sequence_length", sequence_length, 3),
-        ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < least
-            ):
-                raise ValueError(
-                    f"`{name}` must be an int of at least {least} ([CLS], a piece "
-                    f"and [SEP]) or None. Received: {name}={value!r}"
-                )
-        self.vocabulary = vocabulary
-        self.lowercase = lowercase
-        self.max_length = max_length
-        self.sequence_length = sequence_length
-        self.cls_id = vocabulary.index(CLS_TOKEN)
-        self.sep_id = vocabulary.index(SEP_TOKEN)
-        self.unk_id = vocabulary.index(UNK_TOKEN)
-        self._index = {piece: index for index, piece in enumerate(vocabulary)}
-        self.built = True
+        derived = {
+            "cls_id": vocabulary.index(CLS_TOKEN),
+            "sep_id": vocabulary.index(SEP_TOKEN),
+            "unk_id": vocabulary.index(UNK_TOKEN),
+            "index": {piece: index for index, piece in enumerate(vocabulary)},
+        }
+        self._shared_vocabulary.set(vocabulary, derived)
+
+    @property
+    def cls_id(self) -> int:
+        return self._vocabulary().derived["cls_id"]
+
+    @property
+    def sep_id(self) -> int:
+        return self._vocabulary().derived["sep_id"]
+
+    @property
+    def unk_id(self) -> int:
+        return self._vocabulary().derived["unk_id"]
+
+    def _write_vocabulary(self, path: Path) -> None:
+        # Bytes: no newline translation, so `_load_vocabulary` reads back
+        # every piece exactly.
+        path.write_bytes("".join(f"{piece}\n" for piece in self.vocabulary).encode())
+
+    def _load_vocabulary(self, path: Path) -> None:
+        self.set_vocabulary(path.read_bytes().decode("utf-8").split("\n")[:-1])
 
     def _fast_bert(self):
         """A `FastBertTokenizer`: one kept for eager calls; a new one in each
         traced graph, so that graphs hold their own copy of the model (its
         flatbuffer is a constant of the graph that builds it)."""
+        shared = self._vocabulary()
         if not tf.executing_eagerly():
-            return self._build_fast_bert()
-        if self.__dict__.get("_eager_tokenizer") is None:
-            # Kept out of Keras/TF tracking: graphs never capture it.
-            self.__dict__["_eager_tokenizer"] = self._build_fast_bert()
-        return self.__dict__["_eager_tokenizer"]
+            return self._build_fast_bert(shared.value)
+        # Kept with the vocabulary (copies may differ in `lowercase`), out of
+        # Keras/TF tracking: graphs never capture it.
+        key = ("fast_bert", self.lowercase)
+        if shared.derived.get(key) is None:
+            shared.derived[key] = self._build_fast_bert(shared.value)
+        return shared.derived[key]
 
-    def _build_fast_bert(self):
+    def _build_fast_bert(self, vocabulary):
         return tf_text.FastBertTokenizer(
-            vocab=self.vocabulary,
+            vocab=vocabulary,
             token_out_type=tf.int32,
             unknown_token=UNK_TOKEN,
             lower_case_nfd_strip_accents=self.lowercase,
@@ -140,21 +187,20 @@ class WordPieceTokenizer(TokenizerLayer):
 
     @property
     def vocabulary_size(self) -> int:
-        return len(self.vocabulary)
+        return len(self._vocabulary().value)
 
     def get_vocabulary(self) -> list[str]:
-        return list(self.vocabulary)
+        return list(self._vocabulary().value)
 
     def id_to_token(self, id: int) -> str:
-        if not 0 <= id < len(self.vocabulary):
-            raise ValueError(
-                f"`id` must be in [0, {len(self.vocabulary)}). Received: {id=}"
-            )
-        return self.vocabulary[id]
+        vocabulary = self._vocabulary().value
+        if not 0 <= id < len(vocabulary):
+            raise ValueError(f"`id` must be in [0, {len(vocabulary)}). Received: {id=}")
+        return vocabulary[id]
 
     def token_to_id(self, token: str) -> int:
         """The id of a piece (`unk_id` if it is not one)."""
-        return self._index.get(token, self.unk_id)
+        return self._vocabulary().derived["index"].get(token, self.unk_id)
 
     def tokenize(self, inputs):
         """Strings to `[CLS] pieces [SEP]` ids.
@@ -204,16 +250,17 @@ class WordPieceTokenizer(TokenizerLayer):
 
     def save_vocabulary(self, path: str | os.PathLike) -> Path:
         """Write the pieces to `path`, one a line (a `vocab.txt`)."""
+        vocabulary = self._vocabulary().value
         path = Path(path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(f"{piece}\n" for piece in self.vocabulary), "utf-8")
+        path.write_text("".join(f"{piece}\n" for piece in vocabulary), "utf-8")
         return path
 
     def get_config(self):
         config = super().get_config()
         config.update(
             {
-                "vocabulary": list(self.vocabulary),
+                "vocabulary": None,  # an asset file (`save_assets`)
                 "lowercase": self.lowercase,
                 "max_length": self.max_length,
                 "sequence_length": self.sequence_length,

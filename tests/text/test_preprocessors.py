@@ -27,7 +27,9 @@ TEXTS = ["the house is big", "where is the station", ""]
 SIZES = {"embedding_dim": 16, "num_heads": 2, "intermediate_dim": 32}
 
 
-def test_classifier_preprocessor_pads_and_maps_a_dataset_for_fit(small_tokenizer):
+def test_classifier_preprocessor_pads_and_maps_a_dataset_for_fit(
+    small_tokenizer, tmp_path
+):
     preprocessor = TextClassifierPreprocessor(small_tokenizer, 8)
     ids = preprocessor(TEXTS)
     assert ids.shape == (3, 8) and ids.dtype == tf.int32
@@ -48,6 +50,12 @@ def test_classifier_preprocessor_pads_and_maps_a_dataset_for_fit(small_tokenizer
     again = keras.saving.deserialize_keras_object(
         keras.saving.serialize_keras_object(preprocessor)
     )
+    # The config holds no vocabulary: the tokenizer (and its dense copy)
+    # get it from its assets.
+    with pytest.raises(ValueError, match="has no vocabulary"):
+        again(TEXTS)
+    small_tokenizer.save_assets(tmp_path)
+    again.tokenizer.load_assets(tmp_path)
     np.testing.assert_array_equal(again(TEXTS).numpy(), ids.numpy())
 
 

@@ -1,5 +1,6 @@
 """Subword vocabularies and the `SubwordTokenizer` layer."""
 
+import base64
 import subprocess
 import sys
 import unicodedata
@@ -168,14 +169,36 @@ def test_sample_refuses_a_bad_alpha(german_tokenizer, alpha):
 def test_config_and_keras_serialization(vocab_dir, tmp_path):
     tokenizer = SubwordTokenizer(vocab_dir / "de.model", sequence_length=7, name="de")
     config = tokenizer.get_config()
-    assert config["sequence_length"] == 7 and isinstance(config["proto"], str)
+    # The model is an asset (`save_assets`), not a config entry.
+    assert config["sequence_length"] == 7 and config["proto"] is None
     restored = keras.saving.deserialize_keras_object(
         keras.saving.serialize_keras_object(tokenizer)
     )
     assert isinstance(restored, SubwordTokenizer) and restored.name == "de"
+    assert not restored.has_vocabulary and restored.proto is None
+    for use in (
+        lambda: restored.tokenize(GERMAN),
+        lambda: restored.vocabulary_size,
+        lambda: restored.detokenize([[5, 6]]),
+        lambda: restored.save_proto(tmp_path / "none.model"),
+    ):
+        with pytest.raises(ValueError, match=r"'de' has no vocabulary.*set_proto"):
+            use()
+    tokenizer.save_assets(tmp_path)
+    assert (tmp_path / "vocabulary.spm").read_bytes() == tokenizer.proto
+    restored.load_assets(tmp_path)
     np.testing.assert_array_equal(
         restored.tokenize(GERMAN).numpy(), tokenizer.tokenize(GERMAN).numpy()
     )
+    # A config holding the model inline (saved before it was an asset) loads.
+    inline = {**config, "proto": base64.b64encode(tokenizer.proto).decode("ascii")}
+    old = SubwordTokenizer.from_config(inline)
+    np.testing.assert_array_equal(
+        old.tokenize(GERMAN).numpy(), tokenizer.tokenize(GERMAN).numpy()
+    )
+    old.load_assets(tmp_path / "no_such_directory")  # keeps its model
+    old.load_assets(None)  # Keras' path with no assets
+    assert old.proto == tokenizer.proto
     saved = tokenizer.save_proto(tmp_path / "copy" / "de.model")
     assert saved.read_bytes() == (vocab_dir / "de.model").read_bytes()
     assert (
@@ -329,3 +352,45 @@ def test_survives_seed_reset_and_clear_session(vocab_dir):
         ids = tokenizer.tokenize(GERMAN[:2])  # eager
         assert decode(tokenizer.detokenize(ids)) == GERMAN[:2]
         assert tokenizer.get_vocabulary()[:2] == ["<pad>", "<unk>"]
+
+
+def test_a_copy_shares_the_vocabulary_and_saves_none(vocab_dir, tmp_path):
+    tokenizer = SubwordTokenizer(vocab_dir / "de.model", name="de")
+    copy = tokenizer.copy(sequence_length=5)
+    assert copy.sequence_length == 5 and tokenizer.sequence_length is None
+    assert copy.name == "de" and copy.proto is tokenizer.proto
+    np.testing.assert_array_equal(
+        copy.tokenize(GERMAN).numpy(),
+        tokenizer.tokenize(GERMAN)[:, :5].to_tensor(shape=[None, 5]).numpy(),
+    )
+    copy.save_assets(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # the original saves the vocabulary
+    # A copy of a tokenizer without a vocabulary gets the one it loads.
+    bare = SubwordTokenizer.from_config(tokenizer.get_config())
+    dense = bare.copy(sequence_length=5)
+    tokenizer.save_assets(tmp_path)
+    bare.load_assets(tmp_path)
+    np.testing.assert_array_equal(dense.tokenize(GERMAN), copy.tokenize(GERMAN))
+    with pytest.raises(ValueError, match="sequence_length"):
+        tokenizer.copy(sequence_length=0)
+
+
+def test_a_saved_model_holds_the_vocabulary_as_an_asset(vocab_dir, tmp_path):
+    import json
+    import zipfile
+
+    tokenizer = SubwordTokenizer(vocab_dir / "de.model", sequence_length=6)
+    texts = keras.Input(shape=(), dtype="string")
+    model = keras.Model(texts, tokenizer(texts))
+    model.save(tmp_path / "model.keras")
+    with zipfile.ZipFile(tmp_path / "model.keras") as archive:
+        config = archive.read("config.json").decode()
+        assets = [n for n in archive.namelist() if n.startswith("assets/")]
+        [asset] = assets
+        assert archive.read(asset) == tokenizer.proto
+    assert '"proto": null' in json.dumps(json.loads(config))
+    assert len(config) < 5_000
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(
+        loaded(tf.constant(GERMAN[:2])), tokenizer.tokenize(GERMAN[:2])
+    )

@@ -95,11 +95,41 @@ def test_config_round_trip_and_vocabulary_file(tmp_path):
     tokenizer = WordPieceTokenizer(BERT_VOCABULARY, max_length=8, sequence_length=8)
     path = tokenizer.save_vocabulary(tmp_path / "vocab.txt")
     from_file = WordPieceTokenizer(path, max_length=8, sequence_length=8)
-    restored = WordPieceTokenizer.from_config(tokenizer.get_config())
+    config = tokenizer.get_config()
+    assert config["vocabulary"] is None  # an asset (`save_assets`)
+    restored = WordPieceTokenizer.from_config(config)
+    assert not restored.has_vocabulary and restored.vocabulary is None
     texts = ["unaffable plot", "a very very very very very good script"]
+    with pytest.raises(ValueError, match=r"has no vocabulary.*set_vocabulary"):
+        restored.tokenize(texts)
+    with pytest.raises(ValueError, match="has no vocabulary"):
+        restored.token_to_id("film")
+    tokenizer.save_assets(tmp_path)
+    restored.load_assets(tmp_path)
+    assert restored.get_vocabulary() == BERT_VOCABULARY
     expected = tokenizer.tokenize(texts).numpy()
     np.testing.assert_array_equal(restored.tokenize(texts).numpy(), expected)
     np.testing.assert_array_equal(from_file.tokenize(texts).numpy(), expected)
+    # A config holding the vocabulary inline (saved before it was an asset).
+    old = WordPieceTokenizer.from_config({**config, "vocabulary": BERT_VOCABULARY})
+    np.testing.assert_array_equal(old.tokenize(texts).numpy(), expected)
+    # A copy: other settings, the same vocabulary, no asset of its own.
+    copy = tokenizer.copy(sequence_length=None, lowercase=False)
+    assert copy.vocabulary is tokenizer.vocabulary and not copy.lowercase
+    assert copy.tokenize(["Film"]).to_list() == [[CLS, UNK, SEP]]
+    copy.save_assets(tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
+
+
+def test_the_vocabulary_asset_keeps_every_piece(tmp_path):
+    """Pieces that a text reader would split or rewrite (a carriage
+    return, a line separator) come back as they were."""
+    pieces = [*BERT_VOCABULARY, "a\rb", "\u2028", "\x1c", " "]
+    tokenizer = WordPieceTokenizer(pieces)
+    tokenizer.save_assets(tmp_path)
+    restored = WordPieceTokenizer()
+    restored.load_assets(tmp_path)
+    assert restored.vocabulary == pieces
 
 
 @pytest.mark.parametrize(
