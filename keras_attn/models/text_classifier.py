@@ -171,39 +171,11 @@ class _ClassifierTask:
         """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
         (which `keras_attn.export.export_task` writes) of `serving_default`
         (`text` -> `positive_probability`, `label`), with `export`'s options
-        (see `keras_attn.export.export_sentiment`)."""
-        from keras_attn.export._common import SAMPLE_TEXTS, TEXT_SPEC
-        from keras_attn.export.sentiment import sentiment_serving_fn, vocabulary_asset
-        from keras_attn.export.task import Endpoint, ServingSpec
+        (see `keras_attn.export.export_sentiment`): built by
+        `keras_attn.export.sentiment.sentiment_serving_spec`."""
+        from keras_attn.export.sentiment import sentiment_serving_spec
 
-        tokenizer = self.tokenizer
-        if tokenizer is None:
-            raise ValueError(
-                "Exporting for TF Serving needs the classifier's `tokenizer`. "
-                f"Received: tokenizer=None on {type(self).__name__} {self.name!r}"
-            )
-        serve, serving_tokenizer = sentiment_serving_fn(self, max_length, threshold)
-        endpoint = Endpoint(
-            serve,
-            [TEXT_SPEC],
-            {"text": "string [batch]"},
-            {"positive_probability": "float32 [batch]", "label": "string [batch]"},
-            {"text": list(SAMPLE_TEXTS)},
-        )
-        return ServingSpec(
-            task="sentiment",
-            model_name="sentiment",
-            endpoints={"serving_default": endpoint},
-            resources=(serving_tokenizer,),
-            metadata={
-                "max_length": max_length,
-                "threshold": threshold,
-                "labels": list(self.labels),
-                "vocabulary_size": tokenizer.vocabulary_size,
-                "tokenizer": type(tokenizer).__name__,
-            },
-            assets=dict([vocabulary_asset(tokenizer)]),
-        )
+        return sentiment_serving_spec(self, max_length, threshold)
 
     def export(
         self,
