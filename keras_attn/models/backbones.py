@@ -35,6 +35,7 @@ from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbed
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_attn.models._setattr import SetattrBeforeInit
+from keras_attn.models._task import cached
 from keras_attn.models.layouts import layout_map
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "alibi")
@@ -375,27 +376,69 @@ class TransformerEncoderBackbone(_Backbone):
 
     def encode(self, token_ids, padding_mask=None, return_attention_scores=False):
         """The hidden states of `token_ids` with an explicit padding mask
-        (default `token_ids != 0`), outside the functional graph; with
-        `return_attention_scores=True` also each block's weights, float32
-        `(B, heads, T, T)`, as `(states, [weights, ...])`."""
+        (default `token_ids != 0`); with `return_attention_scores=True` also
+        each block's weights, float32 `(B, heads, T, T)`, as `(states,
+        [weights, ...])`. The backbone's layers as a functional graph with a
+        padding-mask input (`_encoding_model`), without the embedding dropout
+        (inference)."""
         token_ids = ops.convert_to_tensor(token_ids, "int32")
         if padding_mask is None:
             padding_mask = ops.not_equal(token_ids, 0)
-        x = self.embedding(token_ids)
-        if self.embedding_norm is not None:
-            x = self.embedding_norm(x)
-        maps = []
-        for block in self.blocks:
-            if return_attention_scores:
-                x, weights = block(
-                    x, padding_mask=padding_mask, return_attention_scores=True
-                )
-                maps.append(ops.cast(weights, "float32"))
-            else:
-                x = block(x, padding_mask=padding_mask)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return (x, maps) if return_attention_scores else x
+        found = self._encoding_model(return_attention_scores)(
+            {"token_ids": token_ids, "padding_mask": padding_mask}
+        )
+        if not return_attention_scores:
+            return found
+        states, *maps = found
+        return states, [ops.cast(weights, "float32") for weights in maps]
+
+    def _encoding_model(self, return_attention_scores: bool = False) -> keras.Model:
+        """The functional model `encode` calls: `{"token_ids": (B, T) int32,
+        "padding_mask": (B, T) bool}` -> the states `(B, T, d)` (and, with
+        `return_attention_scores`, each block's weights after them in a
+        list), through this backbone's layers (shared: no weights of its
+        own). Built once per setting and kept, out of Keras' tracking."""
+
+        def build():
+            token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+            padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
+            x = self.embedding(token_ids)
+            if self.embedding_norm is not None:
+                x = self.embedding_norm(x)
+            maps = []
+            for block in self.blocks:
+                if return_attention_scores:
+                    x, weights = _WithAttentionScores(block)(x, padding_mask)
+                    maps.append(weights)
+                else:
+                    x = block(x, padding_mask=padding_mask)
+            if self.final_norm is not None:
+                x = self.final_norm(x)
+            inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+            return keras.Model(inputs, [x, *maps] if return_attention_scores else x)
+
+        key = ("encoding_model", bool(return_attention_scores))
+        return cached(self, key, (), build)
+
+
+class _WithAttentionScores(keras.layers.Layer):
+    """`block(x, padding_mask=..., return_attention_scores=True)` as a layer
+    of its own (no weights of its own: the block's): a functional graph
+    checks a layer's outputs by its first call, which gave the block one
+    output, not the two it gives here."""
+
+    def __init__(self, block):
+        super().__init__(name=f"{block.name}_with_scores", dtype=block.dtype_policy)
+        self.block = block
+        self.supports_masking = True
+
+    def compute_mask(self, x, padding_mask=None, mask=None):
+        return [mask, None]  # the states keep the embedding's mask
+
+    def call(self, x, padding_mask, mask=None):
+        return self.block(
+            x, padding_mask=padding_mask, mask=mask, return_attention_scores=True
+        )
 
 
 def bert_encoder_config(checkpoint, dropout: float = 0.1) -> dict:
