@@ -290,6 +290,22 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
         if backbone is None:
             backbone = TransformerEncoderBackbone(**sizes, dropout=dropout, dtype=dtype)
         self.backbone = backbone
+        # The encoder's parts and sizes, as before the backbones (set before
+        # the graph: on PyTorch, untracked; the graph tracks the layers).
+        self.embedding = backbone.embedding
+        self.embedding_norm = backbone.embedding_norm
+        self.encoder_blocks = backbone.blocks
+        self.final_norm = backbone.final_norm
+        self.vocabulary_size = backbone.vocabulary_size
+        self.sequence_length = backbone.sequence_length
+        self.embedding_dim = backbone.embedding_dim
+        self.num_layers = backbone.num_layers
+        self.num_heads = backbone.num_heads
+        self.intermediate_dim = backbone.intermediate_dim
+        self.position = backbone.position
+        self.normalize_first = backbone.normalize_first
+        self.activation = backbone.activation
+        self.layer_norm_epsilon = backbone.layer_norm_epsilon
         dtype = backbone.dtype_policy
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         x = backbone(token_ids)  # (B, T, d), Keras mask token_ids != 0
@@ -348,22 +364,6 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
             return TextClassifierPreprocessor(tokenizer, self.sequence_length)
 
         return _task.cached(self, "preprocessor", [tokenizer], build)
-
-    # The encoder's parts and sizes, as before the backbones.
-    embedding = property(lambda self: self.backbone.embedding)
-    embedding_norm = property(lambda self: self.backbone.embedding_norm)
-    encoder_blocks = property(lambda self: self.backbone.blocks)
-    final_norm = property(lambda self: self.backbone.final_norm)
-    vocabulary_size = property(lambda self: self.backbone.vocabulary_size)
-    sequence_length = property(lambda self: self.backbone.sequence_length)
-    embedding_dim = property(lambda self: self.backbone.embedding_dim)
-    num_layers = property(lambda self: self.backbone.num_layers)
-    num_heads = property(lambda self: self.backbone.num_heads)
-    intermediate_dim = property(lambda self: self.backbone.intermediate_dim)
-    position = property(lambda self: self.backbone.position)
-    normalize_first = property(lambda self: self.backbone.normalize_first)
-    activation = property(lambda self: self.backbone.activation)
-    layer_norm_epsilon = property(lambda self: self.backbone.layer_norm_epsilon)
 
     def attention_maps(self, token_ids) -> dict:
         """Attention weights, float32: `"self_attention"`, one `(B, heads, T,
