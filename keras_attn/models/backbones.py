@@ -37,6 +37,7 @@ from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models._task import cached
 from keras_attn.models.layouts import layout_map
+from keras_attn.models.task import serialize_dtype_policy
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "alibi")
 # Added to the embeddings; the other two act inside the blocks' attention.
@@ -49,21 +50,6 @@ def _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position
     v.check_positive_int("num_layers", num_layers)
     v.check_rate("dropout", dropout)
     v.check_choice("position", position, POSITIONS)
-
-
-def serialize_dtype_policy(model) -> dict:
-    """`model`'s dtype policy serialized as keras-hub's `Backbone.get_config`
-    does: a `DTypePolicyMap` of the quantized layers' policies (under the
-    model's policy) once any is quantized, else the policy itself."""
-    policy = model.dtype_policy
-    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-        quantized = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
-        for layer in model._flatten_layers():
-            if layer.quantization_mode is not None:
-                quantized[layer.path] = layer.dtype_policy
-        if len(quantized) > 0:
-            policy = quantized
-    return keras.dtype_policies.serialize(policy)
 
 
 class _Backbone(SetattrBeforeInit, keras.Model):
@@ -376,11 +362,10 @@ class TransformerEncoderBackbone(_Backbone):
 
     def encode(self, token_ids, padding_mask=None, return_attention_scores=False):
         """The hidden states of `token_ids` with an explicit padding mask
-        (default `token_ids != 0`); with `return_attention_scores=True` also
-        each block's weights, float32 `(B, heads, T, T)`, as `(states,
-        [weights, ...])`. The backbone's layers as a functional graph with a
-        padding-mask input (`_encoding_model`), without the embedding dropout
-        (inference)."""
+        (default `token_ids != 0`), through the backbone's layers as a
+        functional graph with a padding-mask input (`_encoding_model`; no
+        embedding dropout); with `return_attention_scores=True` also each
+        block's weights, float32 `(B, heads, T, T)`: `(states, [weights])`."""
         token_ids = ops.convert_to_tensor(token_ids, "int32")
         if padding_mask is None:
             padding_mask = ops.not_equal(token_ids, 0)
@@ -393,11 +378,9 @@ class TransformerEncoderBackbone(_Backbone):
         return states, [ops.cast(weights, "float32") for weights in maps]
 
     def _encoding_model(self, return_attention_scores: bool = False) -> keras.Model:
-        """The functional model `encode` calls: `{"token_ids": (B, T) int32,
-        "padding_mask": (B, T) bool}` -> the states `(B, T, d)` (and, with
-        `return_attention_scores`, each block's weights after them in a
-        list), through this backbone's layers (shared: no weights of its
-        own). Built once per setting and kept, out of Keras' tracking."""
+        """`encode`'s model: `{"token_ids", "padding_mask"}` -> the states
+        (and each block's weights after them), sharing this backbone's
+        layers; built once per setting and kept, out of Keras' tracking."""
 
         def build():
             token_ids = keras.Input((None,), dtype="int32", name="token_ids")
