@@ -148,13 +148,12 @@ class Translator(GenerativeTask, keras.Model):
             The translations, detokenized, one per text (valid UTF-8: what
             is not is replaced by U+FFFD).
         """
-        from keras_attn.text.preprocessors import detokenized_texts
-
         texts = _task.text_list("texts", texts)
         source = _task.require_tokenizer(self, "source_tokenizer", "translate")
         target = _task.require_tokenizer(self, "target_tokenizer", "translate")
         max_length = self.translation_length(max_length)
         source_cap = min(max_length, self._source_positions() or max_length)
+        from keras_attn.text.preprocessors import detokenized_texts
 
         def translate_batch(batch):
             ids = _task.padded_ids(source.tokenize(batch), source_cap)
