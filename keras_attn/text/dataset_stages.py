@@ -83,7 +83,7 @@ def batch_examples(
     longest = max(m for m in max_lengths if m is not None)
     if bucket_boundaries is None:
         shapes = tuple([m] if m is not None else [] for m in max_lengths)
-        return dataset.paddedbatch_examples(
+        return dataset.padded_batch(
             batch_size,
             padded_shapes=shapes,
             padding_values=PAD_ID,
