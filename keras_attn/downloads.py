@@ -121,7 +121,7 @@ def fetch_into_cache(
             f"Cannot create the cache directory {datasets_dir}: {error}. Set "
             f"KERAS_ATTN_HOME to a writable directory, or {hint}"
         ) from error
-    with _locked(datasets_dir / f".{name}.lock"):
+    with locked(datasets_dir / f".{name}.lock"):
         if _verify(final_dir):  # another caller finished while we waited
             return final_dir
         _sweep_partials(datasets_dir, name)
@@ -202,7 +202,9 @@ def _sweep_partials(datasets_dir: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
+def locked(lock_path: Path) -> Iterator[None]:
+    """Hold `lock_path` (a file lock, and a lock per path within the
+    process) for the `with` block: one writer at a time."""
     with _THREAD_LOCKS_GUARD:
         thread_lock = _THREAD_LOCKS.setdefault(str(lock_path), threading.Lock())
     with thread_lock, open(lock_path, "a+") as lock_file:

@@ -7,8 +7,9 @@ from pathlib import Path
 import tensorflow as tf
 
 from keras_attn.export._common import clean_text, valid_utf8
-from keras_attn.export.task import _export
+from keras_attn.export.task import Endpoint, ServingSpec, export_with_options
 from keras_attn.memory.continuous_cache import ContinuousCache
+from keras_attn.text.preprocessors import LanguageModelPreprocessor
 from keras_attn.text.tokenizer import SubwordTokenizer
 
 PROMPT_SPEC = tf.TensorSpec([None], tf.string, name="prompt")
@@ -22,8 +23,9 @@ def language_model_serving_fns(
     """The two signature functions and the tokenizer they need tracked (what
     `TransformerLanguageModel.serving_spec` serves).
 
-    `score` is `model.score_ids` (the same sliding windows and continuous
-    cache as the eager `model.score`), in the graph.
+    `score` is `model.score_ids` of the preprocessor's `score_preprocess`
+    (`model.score_strings` with the serving tokenizer: the same sliding
+    windows and continuous cache as the eager `model.score`), in the graph.
     """
     if model.tokenizer is None:
         raise ValueError(
@@ -39,16 +41,86 @@ def language_model_serving_fns(
         )
         return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}
 
+    preprocessor = LanguageModelPreprocessor(tokenizer, model.sequence_length)
+
     def score(text):
         text = clean_text(text, max_chars=max_chars)
-        return model.score_strings(
-            text,
+        return model.score_ids(
+            preprocessor.score_preprocess(text),
             continuous_cache=continuous_cache,
             context_length=context_length,
-            tokenizer=tokenizer,
         )
 
     return complete, score, tokenizer
+
+
+def language_model_serving_spec(
+    model,
+    context_length: int | None = None,
+    max_new_tokens: int | None = None,
+    max_chars: int = 100_000,
+    continuous_cache=None,
+) -> ServingSpec:
+    """`TransformerLanguageModel.serving_spec`: the `ServingSpec` of
+    `serving_default` (`prompt` -> `completion`) and `score` (`text` ->
+    `log_likelihood`, `num_tokens`), with `export_language_model`'s
+    options."""
+    check_continuous_cache(continuous_cache)
+    if context_length is None:
+        context_length = model.sequence_length
+    model.prompt_room(max_new_tokens, context_length)  # raises if it does not fit
+    complete, score, serving_tokenizer = language_model_serving_fns(
+        model, context_length, max_new_tokens, max_chars, continuous_cache
+    )
+    with_cache = continuous_cache is not None
+    score_outputs = {"log_likelihood": "float32 [batch]"}
+    if with_cache:
+        score_outputs["model_log_likelihood"] = "float32 [batch]"
+    score_outputs["num_tokens"] = "int32 [batch]"
+    endpoints = {
+        "serving_default": Endpoint(
+            complete,
+            [PROMPT_SPEC],
+            {"prompt": "string [batch]"},
+            {"completion": "string [batch]"},
+            {"prompt": list(SAMPLE_PROMPTS)},
+        ),
+        "score": Endpoint(
+            score,
+            [TEXT_SPEC],
+            {"text": "string [batch]"},
+            score_outputs,
+            {"text": list(SAMPLE_PROMPTS)},
+        ),
+    }
+    metadata = {
+        "context_length": context_length,
+        "max_new_tokens": max_new_tokens,
+        "decoding": "greedy",
+        "score": "natural-log probability of the text's tokens and the end "
+        "token given the start token; sliding window of stride "
+        "context_length // 2"
+        + (
+            "; the model mixed with a continuous cache of the text's earlier "
+            "positions (model_log_likelihood: the model alone)"
+            if with_cache
+            else ""
+        ),
+        "continuous_cache": None
+        if not with_cache
+        else {
+            "theta": continuous_cache.theta,
+            "lambda": continuous_cache.lam,
+            "window": continuous_cache.window,
+        },
+    }
+    return ServingSpec(
+        task="language_model",
+        model_name="language_model",
+        endpoints=endpoints,
+        resources=(serving_tokenizer,),
+        metadata=metadata,
+    )
 
 
 def export_language_model(
@@ -93,7 +165,7 @@ def export_language_model(
 
     `context_length` defaults to the model's `sequence_length`.
     """
-    return _export(
+    return export_with_options(
         model,
         base_dir,
         model_name,

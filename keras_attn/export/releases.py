@@ -47,7 +47,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from keras_attn.downloads import _locked
+from keras_attn.downloads import locked
 
 RUNTIME_FILE = "RUNTIME.json"
 # Where a TensorFlow Text wheel keeps the op libraries its `ops_lib` target
@@ -217,7 +217,7 @@ def serving_runtime(
     if runtime is not None:
         return runtime
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / f".tf-serving-{release.version}.lock"):
+    with locked(root / f".tf-serving-{release.version}.lock"):
         runtime = _read_runtime(release, directory)
         if runtime is not None:  # built by another caller while we waited
             return runtime

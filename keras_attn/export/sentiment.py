@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keras_attn.export._common import clean_text
-from keras_attn.export.task import _export
+from keras_attn.export._common import SAMPLE_TEXTS, TEXT_SPEC, clean_text
+from keras_attn.export.task import Endpoint, ServingSpec, export_with_options
 from keras_attn.text.wordpiece import WordPieceTokenizer
 
 
@@ -24,6 +24,43 @@ def sentiment_serving_fn(classifier, max_length: int, threshold: float = 0.5):
         )
 
     return serve, tokenizer
+
+
+def sentiment_serving_spec(
+    classifier, max_length: int = 64, threshold: float = 0.5
+) -> ServingSpec:
+    """The classifiers' `serving_spec`: the `ServingSpec` of `serving_default`
+    (`text` -> `positive_probability`, `label`), with `export_sentiment`'s
+    options."""
+    tokenizer = classifier.tokenizer
+    if tokenizer is None:
+        raise ValueError(
+            "Exporting for TF Serving needs the classifier's `tokenizer`. "
+            f"Received: tokenizer=None on {type(classifier).__name__} "
+            f"{classifier.name!r}"
+        )
+    serve, serving_tokenizer = sentiment_serving_fn(classifier, max_length, threshold)
+    endpoint = Endpoint(
+        serve,
+        [TEXT_SPEC],
+        {"text": "string [batch]"},
+        {"positive_probability": "float32 [batch]", "label": "string [batch]"},
+        {"text": list(SAMPLE_TEXTS)},
+    )
+    return ServingSpec(
+        task="sentiment",
+        model_name="sentiment",
+        endpoints={"serving_default": endpoint},
+        resources=(serving_tokenizer,),
+        metadata={
+            "max_length": max_length,
+            "threshold": threshold,
+            "labels": list(classifier.labels),
+            "vocabulary_size": tokenizer.vocabulary_size,
+            "tokenizer": type(tokenizer).__name__,
+        },
+        assets=dict([vocabulary_asset(tokenizer)]),
+    )
 
 
 def export_sentiment(
@@ -56,7 +93,7 @@ def export_sentiment(
     Returns:
         The version directory.
     """
-    return _export(
+    return export_with_options(
         classifier,
         base_dir,
         model_name,

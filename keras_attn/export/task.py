@@ -163,10 +163,10 @@ def export_task(
     Returns:
         The version directory.
     """
-    return _export(task, base_dir, model_name, version, options)
+    return export_with_options(task, base_dir, model_name, version, options)
 
 
-def _export(
+def export_with_options(
     task,
     base_dir,
     model_name,
@@ -175,8 +175,9 @@ def _export(
     argument: str = "task",
     expected_task: str | None = None,
 ) -> Path:
-    """`export_task`; `export_translator` & co. name their argument and
-    the task they export (`expected_task`)."""
+    """`export_task` with the task's options as a dict; `export_translator`
+    & co. name their argument and the task they export (`expected_task`),
+    which a task of another kind is refused for."""
     spec = serving_spec(task, options, argument, expected_task)
     if expected_task is not None and spec.task != expected_task:
         raise ValueError(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from keras_attn.export._common import clean_text
-from keras_attn.export.task import _export
+from keras_attn.export._common import TEXT_SPEC, clean_text
+from keras_attn.export.task import Endpoint, ServingSpec, export_with_options
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import PAD_ID, START_ID
 from keras_attn.text.wordpiece import WordPieceTokenizer
@@ -69,6 +69,74 @@ def translator_serving_fns(
     return translate, translate_with_alignment, tracked
 
 
+def translator_serving_spec(
+    translator,
+    max_length: int | None = None,
+    beam_width: int = 4,
+    length_penalty: float = 1.0,
+    nearest_neighbors=None,
+) -> ServingSpec:
+    """`Translator.serving_spec`: the `ServingSpec` of `serving_default`
+    (`text` -> `translation`) and `translate_with_alignment`, with
+    `export_translator`'s options; the metadata's `model_kind` and
+    `alignment` are the translator class's."""
+    if translator.model_kind is None:
+        raise ValueError(
+            f"{type(translator).__name__} must name its kind for the export: set "
+            "the class attribute `model_kind`. Received: model_kind=None"
+        )
+    max_length = translator.translation_length(max_length)
+    translate, translate_with_alignment, tracked = translator_serving_fns(
+        translator, max_length, beam_width, length_penalty, nearest_neighbors
+    )
+    text = {"text": "string [batch]"}
+    samples = {"text": list(SAMPLE_SOURCES)}
+    translation = {"translation": "string [batch]"}
+    endpoints = {
+        "serving_default": Endpoint(translate, [TEXT_SPEC], text, translation, samples),
+        "translate_with_alignment": Endpoint(
+            translate_with_alignment,
+            [TEXT_SPEC],
+            text,
+            {
+                **translation,
+                "source_tokens": "string [batch, S]",
+                "translation_tokens": "string [batch, T]",
+                "alignment": "float32 [batch, T, S]",
+            },
+            samples,
+        ),
+    }
+    knn = nearest_neighbors
+    metadata = {
+        "model_kind": translator.model_kind,
+        "source_tokenizer": type(translator.source_tokenizer).__name__,
+        "max_length": max_length,
+        "beam_width": beam_width,
+        "length_penalty": length_penalty,
+        "length_penalty_formula": "log P / ((5 + length) / 6) ** length_penalty",
+        "nearest_neighbors": None
+        if knn is None
+        else {
+            "k": knn.k,
+            "temperature": knn.temperature,
+            "lambda": knn.lam,
+            "datastore_entries": len(knn.datastore),
+            "key_dtype": knn.key_dtype,
+            "formula": "(1 - lambda) p_model + lambda softmax(-d / temperature) "
+            "over the k nearest datastore keys' tokens",
+        },
+        "alignment": translator.alignment_description(),
+    }
+    return ServingSpec(
+        task="translation",
+        model_name="translator",
+        endpoints=endpoints,
+        resources=tracked,
+        metadata=metadata,
+    )
+
+
 def export_translator(
     translator,
     base_dir,
@@ -110,7 +178,7 @@ def export_translator(
     keys and values are saved as variables of the export (about `4 * d`
     bytes per entry) and its settings are recorded in the metadata.
     """
-    return _export(
+    return export_with_options(
         translator,
         base_dir,
         model_name,

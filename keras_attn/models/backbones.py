@@ -35,7 +35,9 @@ from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbed
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_attn.models._setattr import SetattrBeforeInit
+from keras_attn.models._task import cached
 from keras_attn.models.layouts import layout_map
+from keras_attn.models.task import serialize_dtype_policy
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "alibi")
 # Added to the embeddings; the other two act inside the blocks' attention.
@@ -48,21 +50,6 @@ def _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position
     v.check_positive_int("num_layers", num_layers)
     v.check_rate("dropout", dropout)
     v.check_choice("position", position, POSITIONS)
-
-
-def serialize_dtype_policy(model) -> dict:
-    """`model`'s dtype policy serialized as keras-hub's `Backbone.get_config`
-    does: a `DTypePolicyMap` of the quantized layers' policies (under the
-    model's policy) once any is quantized, else the policy itself."""
-    policy = model.dtype_policy
-    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-        quantized = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
-        for layer in model._flatten_layers():
-            if layer.quantization_mode is not None:
-                quantized[layer.path] = layer.dtype_policy
-        if len(quantized) > 0:
-            policy = quantized
-    return keras.dtype_policies.serialize(policy)
 
 
 class _Backbone(SetattrBeforeInit, keras.Model):
@@ -375,27 +362,66 @@ class TransformerEncoderBackbone(_Backbone):
 
     def encode(self, token_ids, padding_mask=None, return_attention_scores=False):
         """The hidden states of `token_ids` with an explicit padding mask
-        (default `token_ids != 0`), outside the functional graph; with
-        `return_attention_scores=True` also each block's weights, float32
-        `(B, heads, T, T)`, as `(states, [weights, ...])`."""
+        (default `token_ids != 0`), through the backbone's layers as a
+        functional graph with a padding-mask input (`_encoding_model`; no
+        embedding dropout); with `return_attention_scores=True` also each
+        block's weights, float32 `(B, heads, T, T)`: `(states, [weights])`."""
         token_ids = ops.convert_to_tensor(token_ids, "int32")
         if padding_mask is None:
             padding_mask = ops.not_equal(token_ids, 0)
-        x = self.embedding(token_ids)
-        if self.embedding_norm is not None:
-            x = self.embedding_norm(x)
-        maps = []
-        for block in self.blocks:
-            if return_attention_scores:
-                x, weights = block(
-                    x, padding_mask=padding_mask, return_attention_scores=True
-                )
-                maps.append(ops.cast(weights, "float32"))
-            else:
-                x = block(x, padding_mask=padding_mask)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return (x, maps) if return_attention_scores else x
+        found = self._encoding_model(return_attention_scores)(
+            {"token_ids": token_ids, "padding_mask": padding_mask}
+        )
+        if not return_attention_scores:
+            return found
+        states, *maps = found
+        return states, [ops.cast(weights, "float32") for weights in maps]
+
+    def _encoding_model(self, return_attention_scores: bool = False) -> keras.Model:
+        """`encode`'s model: `{"token_ids", "padding_mask"}` -> the states
+        (and each block's weights after them), sharing this backbone's
+        layers; built once per setting and kept, out of Keras' tracking."""
+
+        def build():
+            token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+            padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
+            x = self.embedding(token_ids)
+            if self.embedding_norm is not None:
+                x = self.embedding_norm(x)
+            maps = []
+            for block in self.blocks:
+                if return_attention_scores:
+                    x, weights = _WithAttentionScores(block)(x, padding_mask)
+                    maps.append(weights)
+                else:
+                    x = block(x, padding_mask=padding_mask)
+            if self.final_norm is not None:
+                x = self.final_norm(x)
+            inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+            return keras.Model(inputs, [x, *maps] if return_attention_scores else x)
+
+        key = ("encoding_model", bool(return_attention_scores))
+        return cached(self, key, (), build)
+
+
+class _WithAttentionScores(keras.layers.Layer):
+    """`block(x, padding_mask=..., return_attention_scores=True)` as a layer
+    of its own (no weights of its own: the block's): a functional graph
+    checks a layer's outputs by its first call, which gave the block one
+    output, not the two it gives here."""
+
+    def __init__(self, block):
+        super().__init__(name=f"{block.name}_with_scores", dtype=block.dtype_policy)
+        self.block = block
+        self.supports_masking = True
+
+    def compute_mask(self, x, padding_mask=None, mask=None):
+        return [mask, None]  # the states keep the embedding's mask
+
+    def call(self, x, padding_mask, mask=None):
+        return self.block(
+            x, padding_mask=padding_mask, mask=mask, return_attention_scores=True
+        )
 
 
 def bert_encoder_config(checkpoint, dropout: float = 0.1) -> dict:

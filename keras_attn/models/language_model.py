@@ -8,16 +8,17 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn import generation
-from keras_attn._loops import map_chunks
 from keras_attn.models import _task
 from keras_attn.models.backbones import TransformerDecoderBackbone
+from keras_attn.models.generative_task import GenerativeTask
+from keras_attn.models.scoring import stream_log_probs, windowed_log_likelihood
 from keras_attn.models.task import BackboneTask
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerLanguageModel(BackboneTask, keras.Model):
+class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
     """Decoder-only next-token model (GPT-style) of causal decoder blocks.
 
     Input `token_ids` `(batch, T)` (0 = padding); output float32 logits
@@ -115,6 +116,22 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
                 dtype=dtype,
             )
         self.backbone = backbone
+        # The stack's parts and sizes, as before the backbones (set before
+        # the graph: on PyTorch, untracked; the graph tracks the layers).
+        self.embedding = backbone.embedding
+        self.decoder_blocks = backbone.blocks
+        self.final_norm = backbone.final_norm
+        self.vocabulary_size = backbone.vocabulary_size
+        self.sequence_length = backbone.sequence_length
+        self.embedding_dim = backbone.embedding_dim
+        self.num_layers = backbone.num_layers
+        self.num_heads = backbone.num_heads
+        self.intermediate_dim = backbone.intermediate_dim
+        self.dropout = backbone.dropout
+        self.normalize_first = backbone.normalize_first
+        self.position = backbone.position
+        self.num_key_value_heads = backbone.num_key_value_heads
+        self.sliding_window = backbone.sliding_window
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         states = backbone(token_ids)
         if tie_embeddings:
@@ -151,26 +168,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
 
         return _task.cached(self, "preprocessor", [tokenizer], build)
 
-    # The stack's parts and sizes, as before the backbones.
-    embedding = property(lambda self: self.backbone.embedding)
-    decoder_blocks = property(lambda self: self.backbone.blocks)
-    final_norm = property(lambda self: self.backbone.final_norm)
-    vocabulary_size = property(lambda self: self.backbone.vocabulary_size)
-    sequence_length = property(lambda self: self.backbone.sequence_length)
-    embedding_dim = property(lambda self: self.backbone.embedding_dim)
-    num_layers = property(lambda self: self.backbone.num_layers)
-    num_heads = property(lambda self: self.backbone.num_heads)
-    intermediate_dim = property(lambda self: self.backbone.intermediate_dim)
-    dropout = property(lambda self: self.backbone.dropout)
-    normalize_first = property(lambda self: self.backbone.normalize_first)
-    position = property(lambda self: self.backbone.position)
-    num_key_value_heads = property(lambda self: self.backbone.num_key_value_heads)
-    sliding_window = property(lambda self: self.backbone.sliding_window)
-
-    def predict(self, x, *args, **kwargs):
-        """`keras.Model.predict` on token ids (raw strings: `score`, `generate`)."""
-        _task.refuse_text_predict(self, x, "`score(texts)` or `generate(prompts)`")
-        return super().predict(x, *args, **kwargs)
+    text_methods = "`score(texts)` or `generate(prompts)`"
 
     # -- the decoding contract -------------------------------------------------
 
@@ -298,60 +296,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             raise ValueError(
                 f"`context_length` must be at least 2. Received: {context}"
             )
-        sequence = ops.cast(ops.convert_to_tensor(token_ids), "int32")  # (B, L)
-        batch, longest = ops.shape(sequence)[0], ops.shape(sequence)[1]
-        # When one window holds every target, it is as wide as the batch, not
-        # the whole context: the model is causal, so the targets' scores do
-        # not change, and short texts cost their own length. At least 2: a
-        # softmax over one key draws a warning from Keras.
-        if isinstance(longest, int):  # a static length: Python arithmetic
-            context = min(context, max(longest - 1, 2))
-            stride = context // 2
-            windows = 1 + max(0, longest - 1 - context + stride - 1) // stride
-        else:  # a traced width (the export's signature): the same, as tensors
-            context = ops.minimum(context, ops.maximum(longest - 1, 2))
-            stride = context // 2
-            windows = 1 + ops.maximum(0, longest - 1 - context + stride - 1) // stride
-        num_tokens = ops.sum(ops.cast(sequence != PAD_ID, "int32"), axis=1) - 1
-        padded_length = (windows - 1) * stride + context + 1
-        sequence = ops.pad(sequence, [[0, 0], [0, padded_length - longest]])
-
-        def window(index):
-            begin = index * stride
-            inputs = ops.slice(sequence, [0, begin], [batch, context])  # (B, C)
-            targets = ops.slice(sequence, [0, begin + 1], [batch, context])
-            states, logits = self.call_with_states(inputs)
-            log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-            picked = ops.take_along_axis(log_probs, targets[..., None], axis=-1)
-            return picked[..., 0], ops.cast(states, "float32")  # (B, C), (B, C, d)
-
-        init = (
-            ops.zeros((batch, context), "float32"),
-            ops.zeros((batch, context, self.embedding_dim), "float32"),
-        )
-        picked, states = map_chunks(window, windows, init)  # (W, B, C[, d])
-
-        def scored(chunks):
-            # Window 0 scores all its targets, each later one its last `stride`.
-            rest = ops.swapaxes(chunks[1:, :, context - stride :], 0, 1)
-            # An explicit length: -1 would be 0 for an empty batch.
-            rest = ops.reshape(rest, (batch, (windows - 1) * stride, *chunks.shape[3:]))
-            return ops.concatenate([chunks[0], rest], axis=1)  # (B, T, ...)
-
-        model_log_probs = scored(picked)  # (B, T): T = padded_length - 1
-        targets = sequence[:, 1:]
-        valid = targets != PAD_ID
-        model_log_likelihood = ops.sum(ops.where(valid, model_log_probs, 0.0), axis=1)
-        if continuous_cache is None:
-            return {"log_likelihood": model_log_likelihood, "num_tokens": num_tokens}
-        log_probs = continuous_cache.log_probs(
-            scored(states), targets, model_log_probs, valid=valid, chunk_size=128
-        )
-        return {
-            "log_likelihood": ops.sum(ops.where(valid, log_probs, 0.0), axis=1),
-            "model_log_likelihood": model_log_likelihood,
-            "num_tokens": num_tokens,
-        }
+        return windowed_log_likelihood(self, token_ids, context, continuous_cache)
 
     # -- text (TensorFlow Text tokenizer) --------------------------------------
 
@@ -360,18 +305,11 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
     ) -> dict:
         """`score_ids` of strings (a `tf.string` tensor `[B]` or a list):
         each text's tokens between the start and the end token, with
-        `tokenizer` (default the model's). TensorFlow, eagerly or in a
+        `tokenizer` (default the model's), as the preprocessor's
+        `score_preprocess` gives them. TensorFlow, eagerly or in a
         `tf.function` (the export's `score` signature is this)."""
-        import tensorflow as tf
-
-        tokenizer = tokenizer or _task.require_tokenizer(self, "tokenizer", "score")
-        ids = tokenizer.tokenize(texts)
-        rows = ids.nrows()
-        ids = tf.concat(
-            [tf.fill([rows, 1], START_ID), ids, tf.fill([rows, 1], END_ID)], axis=1
-        )
         return self.score_ids(
-            ids.to_tensor(default_value=PAD_ID),  # (B, L)
+            self._text_preprocessor(tokenizer, "score").score_preprocess(texts),
             continuous_cache=continuous_cache,
             context_length=context_length,
         )
@@ -395,24 +333,19 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         progress bar when there is more than one batch).
         """
         texts = _task.text_list("texts", texts)
-        tokenizer = _task.require_tokenizer(self, "tokenizer", "score")
+        preprocessor = self._text_preprocessor(None, "score")
         names = ["log_likelihood", "num_tokens"]
         if continuous_cache is not None:
             names.insert(1, "model_log_likelihood")
 
         def score_batch(batch):
-            ids = _task.padded_ids(tokenizer.tokenize(batch), extra=2)
-            # [START, ..., END]: shift right by one, END after each text.
-            lengths = (ids != PAD_ID).sum(axis=1)
-            rows = np.zeros((len(batch), ids.shape[1]), "int32")
-            rows[:, 0] = START_ID
-            rows[:, 1:] = ids[:, :-1]
-            rows[np.arange(len(batch)), lengths + 1] = END_ID
+            # [START, ..., END], padded to the bucket of the longest row.
+            rows = _task.padded_ids(preprocessor.score_preprocess(batch))
             scores = self.score_ids(rows, continuous_cache=continuous_cache)
             columns = [np.asarray(ops.convert_to_numpy(scores[n])) for n in names]
             return list(zip(*columns, strict=True))
 
-        found = _task.map_batches(score_batch, texts, batch_size, verbose, "Scoring")
+        found = self.generate_texts(score_batch, texts, batch_size, verbose, "Scoring")
         dtypes = {"num_tokens": "int32"}
         return {
             name: np.asarray(
@@ -467,25 +400,35 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
                 batch), 0, 1 (a bar) or 2 (one line at the end), as in
                 `keras.Model.predict`.
         """
-        tokenizer = _task.require_tokenizer(self, "tokenizer", "generate")
+        preprocessor = self._text_preprocessor(None, "generate")
         prompts = _task.text_list("prompts", prompts)
-        keep = self._prompt_room(max_new_tokens, self.sequence_length)
+        keep = self.prompt_room(max_new_tokens, self.sequence_length)
 
         def generate_batch(batch):
-            ids = tokenizer.tokenize(batch)  # ragged (B, None)
+            ids = preprocessor.generate_preprocess(batch)  # ragged (B, None)
             longest = int(np.max(np.asarray(ids.row_lengths()), initial=0))
             width = _task.bucket_length(min(longest, keep) + 1, cap=keep + 1)
             new = self.continue_ids(
                 ids, max_new_tokens, sampler=sampler, seed=seed, prompt_width=width
             )
-            return _task.decoded(tokenizer.detokenize(new))
+            return preprocessor.generate_postprocess(new)
 
-        return _task.map_batches(
+        return self.generate_texts(
             generate_batch, prompts, batch_size, verbose, title="Generating"
         )
 
+    def _text_preprocessor(self, tokenizer, method: str):
+        """The `LanguageModelPreprocessor` of `tokenizer` (default the
+        model's: `preprocessor`) for the text methods."""
+        if tokenizer is None:
+            _task.require_tokenizer(self, "tokenizer", method)
+            return self.preprocessor
+        from keras_attn.text import LanguageModelPreprocessor
+
+        return LanguageModelPreprocessor(tokenizer, self.sequence_length)
+
     @staticmethod
-    def _prompt_room(max_new_tokens, context) -> int:
+    def prompt_room(max_new_tokens, context) -> int:
         """Prompt tokens kept (the start token not counted) in a context of
         `context` tokens, with `max_new_tokens` (checked) after them."""
         if max_new_tokens is None:
@@ -523,22 +466,18 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         import tensorflow as tf
 
         context = context_length or self.sequence_length
-        keep = self._prompt_room(max_new_tokens, context)
+        keep = self.prompt_room(max_new_tokens, context)
         ids = ids[:, -keep:] if keep > 0 else ids[:, :0]  # keep the end
         ids = tf.concat([tf.fill([ids.nrows(), 1], START_ID), ids], axis=1)
         lengths = tf.cast(ids.row_lengths(), tf.int32)  # (B,), START included
         width = prompt_width or keep + 1
         prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, width])
         total = context if max_new_tokens is None else width + max_new_tokens
-        backend = keras.backend.backend()
-        if tf.executing_eagerly() and backend in ("tensorflow", "jax"):
+        if tf.executing_eagerly() and keras.backend.backend() in ("tensorflow", "jax"):
             generate = self._compiled_generation(width, total, sampler, seed)
-            if backend == "jax":
-                tokens = tf.convert_to_tensor(
-                    np.asarray(generate(prompt.numpy(), lengths.numpy()))
-                )
-            else:
-                tokens = generate(prompt, lengths)
+            tokens = tf.convert_to_tensor(
+                self.run_generate_function(generate, prompt.numpy(), lengths.numpy())
+            )
         else:
             tokens = self.generate_ids(
                 prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
@@ -552,10 +491,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
 
     def _compiled_generation(self, width, total, sampler, seed):
         """`generate_ids` of `(prompt (B, width), lengths (B,))` to `total`
-        tokens, compiled once per setting (`tf.function` on TensorFlow,
-        `jax.jit` on JAX) and kept until the weights' variables change
-        (`quantize`): an eager decoding loop dispatches every op of every
-        step, and an uncompiled one re-traces per call."""
+        tokens, compiled once per setting (`make_generate_function`)."""
 
         def build():
             def generate(prompt, lengths):
@@ -565,8 +501,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
 
             return generate
 
-        return _task.compiled(
-            self,
+        return self.make_generate_function(
             ("generation", width, total, id(sampler), seed),
             build,
             depends=(sampler,),
@@ -592,34 +527,7 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
             document per start token, as the dataset packs them) and, with
             `states=True`, `states` `(T, d)` float32.
         """
-        from keras_attn._progress import progress_bar
-
-        batches = int(dataset.cardinality()) if hasattr(dataset, "cardinality") else -1
-        progress = progress_bar(title, batches if batches >= 0 else None, verbose)
-        columns = {"log_probs": [], "targets": [], "inputs": [], "states": []}
-        for step, (inputs, targets) in enumerate(dataset, start=1):
-            hidden, logits = self.call_with_states(inputs, training=False)
-            log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-            targets = np.asarray(targets)
-            picked = ops.take_along_axis(
-                log_probs, ops.convert_to_tensor(targets)[..., None], axis=-1
-            )[..., 0]
-            valid = targets != PAD_ID  # (B, L); padding is not scored
-            columns["log_probs"].append(np.asarray(ops.convert_to_numpy(picked))[valid])
-            columns["targets"].append(targets[valid])
-            columns["inputs"].append(np.asarray(inputs)[valid])
-            if states:
-                columns["states"].append(
-                    np.asarray(ops.convert_to_numpy(ops.cast(hidden, "float32")))[valid]
-                )
-            progress.update(step)
-        if not columns["targets"]:
-            raise ValueError("`dataset` must yield at least one batch. Received: none")
-        found = {
-            name: np.concatenate(parts) for name, parts in columns.items() if parts
-        }
-        found["document_ids"] = np.cumsum(found["inputs"] == START_ID)
-        return found
+        return stream_log_probs(self, dataset, states, verbose, title)
 
     def serving_spec(
         self,
@@ -632,71 +540,12 @@ class TransformerLanguageModel(BackboneTask, keras.Model):
         (which `keras_attn.export.export_task` writes) of `serving_default`
         (`prompt` -> `completion`) and `score` (`text` -> `log_likelihood`,
         `num_tokens`), with `export`'s options (see
-        `keras_attn.export.export_language_model`)."""
-        from keras_attn.export.language_model import (
-            PROMPT_SPEC,
-            SAMPLE_PROMPTS,
-            TEXT_SPEC,
-            check_continuous_cache,
-            language_model_serving_fns,
-        )
-        from keras_attn.export.task import Endpoint, ServingSpec
+        `keras_attn.export.export_language_model`): built by
+        `keras_attn.export.language_model.language_model_serving_spec`."""
+        from keras_attn.export.language_model import language_model_serving_spec
 
-        check_continuous_cache(continuous_cache)
-        if context_length is None:
-            context_length = self.sequence_length
-        self._prompt_room(max_new_tokens, context_length)  # raises if it does not fit
-        complete, score, serving_tokenizer = language_model_serving_fns(
+        return language_model_serving_spec(
             self, context_length, max_new_tokens, max_chars, continuous_cache
-        )
-        with_cache = continuous_cache is not None
-        score_outputs = {"log_likelihood": "float32 [batch]"}
-        if with_cache:
-            score_outputs["model_log_likelihood"] = "float32 [batch]"
-        score_outputs["num_tokens"] = "int32 [batch]"
-        endpoints = {
-            "serving_default": Endpoint(
-                complete,
-                [PROMPT_SPEC],
-                {"prompt": "string [batch]"},
-                {"completion": "string [batch]"},
-                {"prompt": list(SAMPLE_PROMPTS)},
-            ),
-            "score": Endpoint(
-                score,
-                [TEXT_SPEC],
-                {"text": "string [batch]"},
-                score_outputs,
-                {"text": list(SAMPLE_PROMPTS)},
-            ),
-        }
-        metadata = {
-            "context_length": context_length,
-            "max_new_tokens": max_new_tokens,
-            "decoding": "greedy",
-            "score": "natural-log probability of the text's tokens and the end "
-            "token given the start token; sliding window of stride "
-            "context_length // 2"
-            + (
-                "; the model mixed with a continuous cache of the text's earlier "
-                "positions (model_log_likelihood: the model alone)"
-                if with_cache
-                else ""
-            ),
-            "continuous_cache": None
-            if not with_cache
-            else {
-                "theta": continuous_cache.theta,
-                "lambda": continuous_cache.lam,
-                "window": continuous_cache.window,
-            },
-        }
-        return ServingSpec(
-            task="language_model",
-            model_name="language_model",
-            endpoints=endpoints,
-            resources=(serving_tokenizer,),
-            metadata=metadata,
         )
 
     def export(

@@ -10,7 +10,7 @@ from keras_attn import _validation as v
 from keras_attn.layers.bahdanau_attention import BahdanauAttention
 from keras_attn.layers.bahdanau_decoder import BahdanauDecoder
 from keras_attn.layers.luong_attention import LuongAttention
-from keras_attn.models.backbones import serialize_dtype_policy
+from keras_attn.models.task import serialize_dtype_policy
 from keras_attn.models.translator import Translator
 
 ATTENTIONS = ("bahdanau", "luong_dot", "luong_general", "luong_concat")

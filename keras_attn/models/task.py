@@ -140,6 +140,21 @@ def _policy_name(policy) -> str:
     return _plain_policy(policy).name
 
 
+def serialize_dtype_policy(model) -> dict:
+    """`model`'s dtype policy serialized as keras-hub's `Backbone.get_config`
+    does: a `DTypePolicyMap` of the quantized layers' policies (under the
+    model's policy) once any is quantized, else the policy itself."""
+    policy = model.dtype_policy
+    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        quantized = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
+        for layer in model._flatten_layers():
+            if layer.quantization_mode is not None:
+                quantized[layer.path] = layer.dtype_policy
+        if len(quantized) > 0:
+            policy = quantized
+    return keras.dtype_policies.serialize(policy)
+
+
 def deserialize_backbone(config, **extra):
     """A backbone from its serialized config (`extra`: constructor arguments
     that are not part of it, such as a shared embedding)."""

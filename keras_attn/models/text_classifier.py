@@ -170,39 +170,11 @@ class _ClassifierTask:
         """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
         (which `keras_attn.export.export_task` writes) of `serving_default`
         (`text` -> `positive_probability`, `label`), with `export`'s options
-        (see `keras_attn.export.export_sentiment`)."""
-        from keras_attn.export._common import SAMPLE_TEXTS, TEXT_SPEC
-        from keras_attn.export.sentiment import sentiment_serving_fn, vocabulary_asset
-        from keras_attn.export.task import Endpoint, ServingSpec
+        (see `keras_attn.export.export_sentiment`): built by
+        `keras_attn.export.sentiment.sentiment_serving_spec`."""
+        from keras_attn.export.sentiment import sentiment_serving_spec
 
-        tokenizer = self.tokenizer
-        if tokenizer is None:
-            raise ValueError(
-                "Exporting for TF Serving needs the classifier's `tokenizer`. "
-                f"Received: tokenizer=None on {type(self).__name__} {self.name!r}"
-            )
-        serve, serving_tokenizer = sentiment_serving_fn(self, max_length, threshold)
-        endpoint = Endpoint(
-            serve,
-            [TEXT_SPEC],
-            {"text": "string [batch]"},
-            {"positive_probability": "float32 [batch]", "label": "string [batch]"},
-            {"text": list(SAMPLE_TEXTS)},
-        )
-        return ServingSpec(
-            task="sentiment",
-            model_name="sentiment",
-            endpoints={"serving_default": endpoint},
-            resources=(serving_tokenizer,),
-            metadata={
-                "max_length": max_length,
-                "threshold": threshold,
-                "labels": list(self.labels),
-                "vocabulary_size": tokenizer.vocabulary_size,
-                "tokenizer": type(tokenizer).__name__,
-            },
-            assets=dict([vocabulary_asset(tokenizer)]),
-        )
+        return sentiment_serving_spec(self, max_length, threshold)
 
     def export(
         self,
@@ -317,6 +289,22 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
         if backbone is None:
             backbone = TransformerEncoderBackbone(**sizes, dropout=dropout, dtype=dtype)
         self.backbone = backbone
+        # The encoder's parts and sizes, as before the backbones (set before
+        # the graph: on PyTorch, untracked; the graph tracks the layers).
+        self.embedding = backbone.embedding
+        self.embedding_norm = backbone.embedding_norm
+        self.encoder_blocks = backbone.blocks
+        self.final_norm = backbone.final_norm
+        self.vocabulary_size = backbone.vocabulary_size
+        self.sequence_length = backbone.sequence_length
+        self.embedding_dim = backbone.embedding_dim
+        self.num_layers = backbone.num_layers
+        self.num_heads = backbone.num_heads
+        self.intermediate_dim = backbone.intermediate_dim
+        self.position = backbone.position
+        self.normalize_first = backbone.normalize_first
+        self.activation = backbone.activation
+        self.layer_norm_epsilon = backbone.layer_norm_epsilon
         dtype = backbone.dtype_policy
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         x = backbone(token_ids)  # (B, T, d), Keras mask token_ids != 0
@@ -375,22 +363,6 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
             return TextClassifierPreprocessor(tokenizer, self.sequence_length)
 
         return _task.cached(self, "preprocessor", [tokenizer], build)
-
-    # The encoder's parts and sizes, as before the backbones.
-    embedding = property(lambda self: self.backbone.embedding)
-    embedding_norm = property(lambda self: self.backbone.embedding_norm)
-    encoder_blocks = property(lambda self: self.backbone.blocks)
-    final_norm = property(lambda self: self.backbone.final_norm)
-    vocabulary_size = property(lambda self: self.backbone.vocabulary_size)
-    sequence_length = property(lambda self: self.backbone.sequence_length)
-    embedding_dim = property(lambda self: self.backbone.embedding_dim)
-    num_layers = property(lambda self: self.backbone.num_layers)
-    num_heads = property(lambda self: self.backbone.num_heads)
-    intermediate_dim = property(lambda self: self.backbone.intermediate_dim)
-    position = property(lambda self: self.backbone.position)
-    normalize_first = property(lambda self: self.backbone.normalize_first)
-    activation = property(lambda self: self.backbone.activation)
-    layer_norm_epsilon = property(lambda self: self.backbone.layer_norm_epsilon)
 
     def attention_maps(self, token_ids) -> dict:
         """Attention weights, float32: `"self_attention"`, one `(B, heads, T,

@@ -14,22 +14,15 @@ from keras_attn.models.backbones import (
 )
 from keras_attn.models.task import BackboneTask, deserialize_backbone
 from keras_attn.models.translator import Translator
+from keras_attn.models.translator_backbones import (
+    ENCODER_LAYOUTS,
+    POSITIONS,
+    backbones_of_sizes,
+    decoder_sizes,
+    given_backbones,
+)
 
-ENCODER_LAYOUTS = ("transformer", "bert")
-POSITIONS = ("sinusoidal", "learned")
-
-
-def _translator_embedding_settings(embedding_dim) -> dict:
-    """A translator side's embedding as in the paper: scaled by `sqrt(d)`,
-    initialised with standard deviation `d ** -0.5` (so tied output logits
-    start near unit scale)."""
-    return {
-        "scale_embeddings": True,
-        "embeddings_initializer": {
-            "class_name": "RandomNormal",
-            "config": {"stddev": embedding_dim**-0.5},
-        },
-    }
+__all__ = ["ENCODER_LAYOUTS", "POSITIONS", "TransformerTranslator"]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -154,20 +147,21 @@ class TransformerTranslator(BackboneTask, Translator):
         target_tokenizer = v.check_tokenizer("target_tokenizer", target_tokenizer)
         dtype = self.check_dtype(dtype, [backbone, decoder_backbone])
         if backbone is None and decoder_backbone is None:
-            backbone, decoder_backbone = _backbones_of_sizes(
+            backbone, decoder_backbone = backbones_of_sizes(
                 shared_vocabulary=shared_vocabulary, dtype=dtype, **sizes
             )
         else:
             self.check_sizes_unset(
                 TransformerTranslator.__init__, sizes, "backbone` and `decoder_backbone"
             )
-            backbone, decoder_backbone = _given_backbones(
+            backbone, decoder_backbone = given_backbones(
                 backbone, decoder_backbone, shared_vocabulary
             )
         if freeze_source_embedding:
             backbone.embedding.trainable = False
         self.backbone = backbone
         self.decoder_backbone = decoder_backbone
+        self._set_stack_attributes(backbone, decoder_backbone)
 
         encoder_inputs = keras.Input((None,), dtype="int32", name="encoder_inputs")
         decoder_inputs = keras.Input((None,), dtype="int32", name="decoder_inputs")
@@ -201,6 +195,34 @@ class TransformerTranslator(BackboneTask, Translator):
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
 
+    def _set_stack_attributes(self, backbone, decoder_backbone):
+        """The stacks' parts and sizes as the model's attributes, as before
+        the backbones (set before the graph: on PyTorch, untracked; the
+        graph tracks the layers)."""
+        self.encoder_backbone = backbone
+        self.source_embedding = backbone.embedding
+        self.source_embedding_norm = backbone.embedding_norm
+        self.encoder_blocks = backbone.blocks
+        self.encoder_norm = backbone.final_norm
+        self.target_embedding = decoder_backbone.embedding
+        self.decoder_blocks = decoder_backbone.blocks
+        self.decoder_norm = decoder_backbone.final_norm
+        self.source_vocabulary_size = backbone.vocabulary_size
+        self.target_vocabulary_size = decoder_backbone.vocabulary_size
+        self.sequence_length = decoder_backbone.sequence_length
+        self.source_sequence_length = backbone.sequence_length
+        self.embedding_dim = decoder_backbone.embedding_dim
+        self.encoder_dim = backbone.embedding_dim
+        self.num_encoder_layers = backbone.num_layers
+        self.num_decoder_layers = decoder_backbone.num_layers
+        self.num_heads = decoder_backbone.num_heads
+        self.encoder_num_heads = backbone.num_heads
+        self.intermediate_dim = decoder_backbone.intermediate_dim
+        self.encoder_intermediate_dim = backbone.intermediate_dim
+        self.dropout = decoder_backbone.dropout
+        self.position = decoder_backbone.position
+        self.encoder_layer_norm_epsilon = backbone.layer_norm_epsilon
+
     @property
     def backbones(self) -> tuple:
         return (self.backbone, self.decoder_backbone)
@@ -224,33 +246,6 @@ class TransformerTranslator(BackboneTask, Translator):
             )
 
         return _task.cached(self, "preprocessor", tokenizers, build)
-
-    # The stacks' parts and sizes, as before the backbones.
-    encoder_backbone = property(lambda self: self.backbone)
-    source_embedding = property(lambda self: self.backbone.embedding)
-    source_embedding_norm = property(lambda self: self.backbone.embedding_norm)
-    encoder_blocks = property(lambda self: self.backbone.blocks)
-    encoder_norm = property(lambda self: self.backbone.final_norm)
-    target_embedding = property(lambda self: self.decoder_backbone.embedding)
-    decoder_blocks = property(lambda self: self.decoder_backbone.blocks)
-    decoder_norm = property(lambda self: self.decoder_backbone.final_norm)
-    source_vocabulary_size = property(lambda self: self.backbone.vocabulary_size)
-    target_vocabulary_size = property(
-        lambda self: self.decoder_backbone.vocabulary_size
-    )
-    sequence_length = property(lambda self: self.decoder_backbone.sequence_length)
-    source_sequence_length = property(lambda self: self.backbone.sequence_length)
-    embedding_dim = property(lambda self: self.decoder_backbone.embedding_dim)
-    encoder_dim = property(lambda self: self.backbone.embedding_dim)
-    num_encoder_layers = property(lambda self: self.backbone.num_layers)
-    num_decoder_layers = property(lambda self: self.decoder_backbone.num_layers)
-    num_heads = property(lambda self: self.decoder_backbone.num_heads)
-    encoder_num_heads = property(lambda self: self.backbone.num_heads)
-    intermediate_dim = property(lambda self: self.decoder_backbone.intermediate_dim)
-    encoder_intermediate_dim = property(lambda self: self.backbone.intermediate_dim)
-    dropout = property(lambda self: self.decoder_backbone.dropout)
-    position = property(lambda self: self.decoder_backbone.position)
-    encoder_layer_norm_epsilon = property(lambda self: self.backbone.layer_norm_epsilon)
 
     @property
     def normalize_first(self) -> bool:
@@ -303,7 +298,7 @@ class TransformerTranslator(BackboneTask, Translator):
         backbone = TransformerEncoderBackbone.from_bert(checkpoint, dropout=dropout)
         embedding_dim = embedding_dim or checkpoint.hidden_size
         decoder_backbone = TransformerDecoderBackbone(
-            **_decoder_sizes(
+            **decoder_sizes(
                 target_vocabulary_size,
                 sequence_length,
                 embedding_dim,
@@ -454,175 +449,3 @@ class TransformerTranslator(BackboneTask, Translator):
         # version until the backbones).
         with blocks_of_config(config):  # 0.2's: blocks of that structure
             return cls(**config)
-
-
-def _decoder_sizes(
-    vocabulary_size,
-    sequence_length,
-    embedding_dim,
-    num_layers,
-    num_heads,
-    intermediate_dim,
-    dropout,
-    position,
-    normalize_first,
-    encoder_dim,
-) -> dict:
-    return {
-        "vocabulary_size": vocabulary_size,
-        "sequence_length": sequence_length,
-        "embedding_dim": embedding_dim,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "intermediate_dim": intermediate_dim,
-        "dropout": dropout,
-        "position": position,
-        "normalize_first": normalize_first,
-        "cross_attention": True,
-        "encoder_dim": encoder_dim if encoder_dim != embedding_dim else None,
-        **_translator_embedding_settings(embedding_dim),
-    }
-
-
-def _backbones_of_sizes(
-    source_vocabulary_size,
-    target_vocabulary_size,
-    sequence_length,
-    embedding_dim,
-    num_encoder_layers,
-    num_decoder_layers,
-    num_heads,
-    intermediate_dim,
-    dropout,
-    normalize_first,
-    position,
-    encoder_layout,
-    encoder_dim,
-    encoder_num_heads,
-    encoder_intermediate_dim,
-    source_sequence_length,
-    encoder_layer_norm_epsilon,
-    shared_vocabulary,
-    dtype=None,
-):
-    """The encoder and decoder backbones of the constructor's sizes."""
-    for name, value in (
-        ("source_vocabulary_size", source_vocabulary_size),
-        ("target_vocabulary_size", target_vocabulary_size),
-        ("sequence_length", sequence_length),
-        ("embedding_dim", embedding_dim),
-        ("num_encoder_layers", num_encoder_layers),
-        ("num_decoder_layers", num_decoder_layers),
-    ):
-        v.check_positive_int(name, value)
-    for name, value in (
-        ("encoder_dim", encoder_dim),
-        ("encoder_num_heads", encoder_num_heads),
-        ("encoder_intermediate_dim", encoder_intermediate_dim),
-        ("source_sequence_length", source_sequence_length),
-    ):
-        v.check_positive_int(name, value, allow_none=True)
-    v.check_rate("dropout", dropout)
-    v.check_choice("position", position, POSITIONS)
-    v.check_choice("encoder_layout", encoder_layout, ENCODER_LAYOUTS)
-    bert = encoder_layout == "bert"
-    if shared_vocabulary and (
-        source_vocabulary_size != target_vocabulary_size
-        or bert
-        or (encoder_dim or embedding_dim) != embedding_dim
-    ):
-        raise ValueError(
-            "A shared vocabulary needs equal vocabulary sizes and widths and "
-            "the Transformer encoder layout. Received: "
-            f"source_vocabulary_size={source_vocabulary_size}, "
-            f"target_vocabulary_size={target_vocabulary_size}, "
-            f"encoder_dim={encoder_dim}, encoder_layout={encoder_layout!r}"
-        )
-    epsilon = encoder_layer_norm_epsilon
-    if epsilon is None:
-        epsilon = 1e-12 if bert else 1e-5
-    source_dim = encoder_dim or embedding_dim
-    encoder_sizes = {
-        "vocabulary_size": source_vocabulary_size,
-        "sequence_length": source_sequence_length or sequence_length,
-        "embedding_dim": source_dim,
-        "num_layers": num_encoder_layers,
-        "num_heads": encoder_num_heads or num_heads,
-        "intermediate_dim": encoder_intermediate_dim or intermediate_dim,
-        "dropout": dropout,
-        "layer_norm_epsilon": epsilon,
-    }
-    if bert:
-        encoder = TransformerEncoderBackbone(
-            **encoder_sizes,
-            position="learned",
-            activation="gelu",
-            embedding_norm=True,
-            dtype=dtype,
-        )
-    else:
-        if shared_vocabulary:
-            encoder_sizes["sequence_length"] = sequence_length
-        encoder = TransformerEncoderBackbone(
-            **encoder_sizes,
-            position=position,
-            normalize_first=normalize_first,
-            **_translator_embedding_settings(source_dim),
-            dtype=dtype,
-        )
-    decoder = TransformerDecoderBackbone(
-        **_decoder_sizes(
-            target_vocabulary_size,
-            sequence_length,
-            embedding_dim,
-            num_decoder_layers,
-            num_heads,
-            intermediate_dim,
-            dropout,
-            position,
-            # A pretrained (post-norm) encoder gets a pre-norm decoder.
-            normalize_first=normalize_first or bert,
-            encoder_dim=source_dim,
-        ),
-        token_embedding=encoder.embedding if shared_vocabulary else None,
-        dtype=dtype,
-    )
-    return encoder, decoder
-
-
-def _given_backbones(backbone, decoder_backbone, shared_vocabulary):
-    """The encoder and decoder backbones given to the constructor, checked;
-    with a shared vocabulary the decoder (a config, or None for the
-    encoder's sizes) is built on the encoder's embedding."""
-    BackboneTask.check_backbone("backbone", backbone, TransformerEncoderBackbone)
-    if shared_vocabulary:
-        if isinstance(decoder_backbone, keras.Model):
-            if decoder_backbone.embedding is not backbone.embedding:
-                raise ValueError(
-                    "With shared_vocabulary=True the decoder backbone must be "
-                    "built on the encoder's embedding "
-                    "(token_embedding=backbone.embedding). Received: a "
-                    "decoder_backbone with its own embedding"
-                )
-        else:
-            raise ValueError(
-                "With shared_vocabulary=True pass a decoder_backbone built with "
-                "token_embedding=backbone.embedding. Received: "
-                f"decoder_backbone={decoder_backbone!r}"
-            )
-    BackboneTask.check_backbone(
-        "decoder_backbone", decoder_backbone, TransformerDecoderBackbone
-    )
-    if not decoder_backbone.cross_attention:
-        raise ValueError(
-            "A translator's decoder backbone attends to the encoder. Received: "
-            "decoder_backbone with cross_attention=False"
-        )
-    width = decoder_backbone.encoder_dim or decoder_backbone.embedding_dim
-    if width != backbone.embedding_dim:
-        raise ValueError(
-            "The decoder backbone's `encoder_dim` must be the encoder's width. "
-            f"Received: encoder_dim={width}, the encoder's "
-            f"embedding_dim={backbone.embedding_dim}"
-        )
-    return backbone, decoder_backbone

@@ -21,12 +21,12 @@ from keras_attn import _validation as v
 from keras_attn import generation
 from keras_attn._extras import missing_extra_error
 from keras_attn.models import _task
-from keras_attn.models._setattr import SetattrBeforeInit
+from keras_attn.models.generative_task import GenerativeTask
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
-class Translator(SetattrBeforeInit, keras.Model):
+class Translator(GenerativeTask, keras.Model):
     """Base class of `RNNTranslator` and `TransformerTranslator`.
 
     Subclasses build their functional graph (inputs `{"encoder_inputs":
@@ -47,10 +47,7 @@ class Translator(SetattrBeforeInit, keras.Model):
             and `export` (None for a network used on token ids only).
     """
 
-    def predict(self, x, *args, **kwargs):
-        """`keras.Model.predict` on token ids (raw strings: `translate`)."""
-        _task.refuse_text_predict(self, x, "`translate(texts)`")
-        return super().predict(x, *args, **kwargs)
+    text_methods = "`translate(texts)`"
 
     # -- decoding over token ids (any backend) ---------------------------------
 
@@ -154,18 +151,19 @@ class Translator(SetattrBeforeInit, keras.Model):
         texts = _task.text_list("texts", texts)
         source = _task.require_tokenizer(self, "source_tokenizer", "translate")
         target = _task.require_tokenizer(self, "target_tokenizer", "translate")
-        max_length = self._translation_length(max_length)
+        max_length = self.translation_length(max_length)
         source_cap = min(max_length, self._source_positions() or max_length)
+        from keras_attn.text.preprocessors import detokenized_texts
 
         def translate_batch(batch):
             ids = _task.padded_ids(source.tokenize(batch), source_cap)
             decode = self._compiled_decoding(
                 max_length, beam_width, length_penalty, nearest_neighbors, ids.shape[1]
             )
-            tokens, _ = decode(ids)
-            return _task.decoded(target.detokenize(np.asarray(tokens)))
+            tokens, _ = self.run_generate_function(decode, ids)
+            return detokenized_texts(target, tokens)
 
-        return _task.map_batches(translate_batch, texts, batch_size, verbose, title)
+        return self.generate_texts(translate_batch, texts, batch_size, verbose, title)
 
     def max_length_limit(self) -> int | None:
         """The most target tokens the model's positions allow
@@ -179,7 +177,7 @@ class Translator(SetattrBeforeInit, keras.Model):
             self, "sequence_length", None
         )
 
-    def _translation_length(self, max_length):
+    def translation_length(self, max_length):
         """`max_length`, checked; None: 40, at most `max_length_limit()`."""
         limit = self.max_length_limit()
         if max_length is None:
@@ -209,12 +207,9 @@ class Translator(SetattrBeforeInit, keras.Model):
         self, max_length, beam_width, length_penalty, knn, source_width=None
     ):
         """`decoding_fn` compiled once per setting and source width
-        (`tf.function` on TensorFlow, `jax.jit` on JAX) and kept for later
-        calls, until the weights' variables change (`quantize`).
-        `source_width` defaults to `max_length`."""
+        (`make_generate_function`). `source_width` defaults to `max_length`."""
         source_width = source_width or max_length
-        return _task.compiled(
-            self,
+        return self.make_generate_function(
             (
                 "decoding",
                 max_length,
@@ -332,73 +327,15 @@ class Translator(SetattrBeforeInit, keras.Model):
         """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
         (which `keras_attn.export.export_task` writes) of `serving_default`
         (`text` -> `translation`) and `translate_with_alignment`, with
-        `export`'s options (see `keras_attn.export.export_translator`). The
+        `export`'s options (see `keras_attn.export.export_translator`;
+        built by `keras_attn.export.translator.translator_serving_spec`). The
         metadata's `model_kind` and `alignment` are the class's
         (`model_kind`, `alignment_description()`).
         """
-        from keras_attn.export._common import TEXT_SPEC
-        from keras_attn.export.task import Endpoint, ServingSpec
-        from keras_attn.export.translator import (
-            SAMPLE_SOURCES,
-            translator_serving_fns,
-        )
+        from keras_attn.export.translator import translator_serving_spec
 
-        if self.model_kind is None:
-            raise ValueError(
-                f"{type(self).__name__} must name its kind for the export: set "
-                "the class attribute `model_kind`. Received: model_kind=None"
-            )
-        max_length = self._translation_length(max_length)
-        translate, translate_with_alignment, tracked = translator_serving_fns(
+        return translator_serving_spec(
             self, max_length, beam_width, length_penalty, nearest_neighbors
-        )
-        text = {"text": "string [batch]"}
-        samples = {"text": list(SAMPLE_SOURCES)}
-        translation = {"translation": "string [batch]"}
-        endpoints = {
-            "serving_default": Endpoint(
-                translate, [TEXT_SPEC], text, translation, samples
-            ),
-            "translate_with_alignment": Endpoint(
-                translate_with_alignment,
-                [TEXT_SPEC],
-                text,
-                {
-                    **translation,
-                    "source_tokens": "string [batch, S]",
-                    "translation_tokens": "string [batch, T]",
-                    "alignment": "float32 [batch, T, S]",
-                },
-                samples,
-            ),
-        }
-        knn = nearest_neighbors
-        metadata = {
-            "model_kind": self.model_kind,
-            "source_tokenizer": type(self.source_tokenizer).__name__,
-            "max_length": max_length,
-            "beam_width": beam_width,
-            "length_penalty": length_penalty,
-            "length_penalty_formula": "log P / ((5 + length) / 6) ** length_penalty",
-            "nearest_neighbors": None
-            if knn is None
-            else {
-                "k": knn.k,
-                "temperature": knn.temperature,
-                "lambda": knn.lam,
-                "datastore_entries": len(knn.datastore),
-                "key_dtype": knn.key_dtype,
-                "formula": "(1 - lambda) p_model + lambda softmax(-d / temperature) "
-                "over the k nearest datastore keys' tokens",
-            },
-            "alignment": self.alignment_description(),
-        }
-        return ServingSpec(
-            task="translation",
-            model_name="translator",
-            endpoints=endpoints,
-            resources=tracked,
-            metadata=metadata,
         )
 
     def export(

@@ -20,7 +20,7 @@ everything to `max_length`. Bucketing changes the order of examples; pass
 
 Order of the stages: tokenize -> `cache()` (the tokenized examples, once,
 in memory) -> `shuffle` (every epoch anew) -> batch -> `prefetch`, with
-`tf.data` autotuning off (see `_prefetch`).
+`tf.data` autotuning off (see `keras_attn.text.dataset_stages.prefetch_untuned`).
 
 Epoch length: bucketing and the language model's windows leave `tf.data`
 unable to tell how many batches a pipeline yields (`cardinality()` is
@@ -40,12 +40,27 @@ import tensorflow as tf
 
 from keras_attn import _validation as v
 from keras_attn.datasets.splits import Document
+from keras_attn.text.dataset_stages import (
+    AUTOTUNE,
+    TOKENIZE_BATCH,
+    auto_bucket_boundaries,
+    batch_examples,
+    cache_and_shuffle,
+    map_in_batches,
+    prefetch_untuned,
+    with_cardinality,
+)
 from keras_attn.text.preprocessors import pack_target
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import END_ID, PAD_ID, START_ID
 
-TOKENIZE_BATCH = 256
-AUTOTUNE = tf.data.AUTOTUNE
+__all__ = [
+    "auto_bucket_boundaries",
+    "classification_dataset",
+    "language_model_dataset",
+    "translation_dataset",
+    "with_cardinality",
+]
 
 
 def translation_dataset(
@@ -131,9 +146,9 @@ def translation_dataset(
     tokenize = tokenizing(source_tokenizer.tokenize, target_tokenizer.tokenize)
     dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
     if subword_sampling is None:
-        dataset = _map_in_batches(dataset, tokenize)
-        dataset = _cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
-        dataset = _batch(
+        dataset = map_in_batches(dataset, tokenize)
+        dataset = cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
+        dataset = batch_examples(
             dataset,
             batch_size=batch_size,
             max_lengths=(max_length, target_length, target_length),
@@ -159,10 +174,10 @@ def translation_dataset(
         def sample(source, target, length):
             return (*sampled(source, target), length)
 
-        dataset = _map_in_batches(dataset, with_length)
-        dataset = _cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
-        dataset = _batch(
-            _map_in_batches(dataset, sample),
+        dataset = map_in_batches(dataset, with_length)
+        dataset = cache_and_shuffle(dataset, len(sources), cache, shuffle, seed)
+        dataset = batch_examples(
+            map_in_batches(dataset, sample),
             batch_size=batch_size,
             max_lengths=(max_length, target_length, target_length, None),
             length=lambda encoder, decoder_in, decoder_out, length: length,
@@ -178,7 +193,7 @@ def translation_dataset(
             return inputs, decoder_out, tf.cast(decoder_out != PAD_ID, tf.float32)
         return inputs, decoder_out
 
-    return _prefetch(dataset.map(to_model_inputs, num_parallel_calls=AUTOTUNE))
+    return prefetch_untuned(dataset.map(to_model_inputs, num_parallel_calls=AUTOTUNE))
 
 
 def classification_dataset(
@@ -226,9 +241,9 @@ def classification_dataset(
     dataset = tf.data.Dataset.from_tensor_slices(
         (tf.constant(texts, tf.string), tf.constant(labels, tf.int32))
     )
-    dataset = _map_in_batches(dataset, tokenize)
-    dataset = _cache_and_shuffle(dataset, len(texts), cache, shuffle, seed)
-    dataset = _batch(
+    dataset = map_in_batches(dataset, tokenize)
+    dataset = cache_and_shuffle(dataset, len(texts), cache, shuffle, seed)
+    dataset = batch_examples(
         dataset,
         batch_size=batch_size,
         max_lengths=(max_length, None),
@@ -236,7 +251,7 @@ def classification_dataset(
         bucket_boundaries=bucket_boundaries,
         drop_remainder=drop_remainder,
     )
-    return _prefetch(dataset)
+    return prefetch_untuned(dataset)
 
 
 def language_model_dataset(
@@ -362,7 +377,7 @@ def language_model_dataset(
                 tf.cast(targets != PAD_ID, tf.float32),
             )
         )
-    return _prefetch(dataset)
+    return prefetch_untuned(dataset)
 
 
 def _cut_windows(chunks, length):
@@ -426,148 +441,6 @@ def _strided_windows(chunks, length, stride):
         )
 
     return tf.data.Dataset.range(windows).map(window)
-
-
-def with_cardinality(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """`dataset` with its number of batches counted and stated.
-
-    One pass over `dataset` counts its elements (with `cache=True`, that pass
-    also fills the cache of the pipelines above, so the first epoch reads the
-    cache), then `tf.data.experimental.assert_cardinality` states the count:
-    `dataset.cardinality()` is then that number, `fit` shows it in the
-    progress bar and no longer warns that the input "ran out of data" at the
-    end of the first epoch. The count of the pipelines of this module is
-    the same every epoch (it depends on the examples' lengths, not on the
-    shuffled order); for a dataset whose count changes between passes, the
-    assertion fails the pass with a `tf.errors.FailedPreconditionError`
-    naming both counts.
-
-    Args:
-        dataset: a finite `tf.data.Dataset`.
-
-    Returns:
-        The same elements, with a known `cardinality()`. A dataset whose
-        cardinality is already known is returned as it is.
-
-    Raises:
-        ValueError: `dataset` is infinite (e.g. `.repeat()`ed): there is
-            nothing to count, pass `steps_per_epoch` to `fit` instead.
-    """
-    known = int(dataset.cardinality())
-    if known == tf.data.INFINITE_CARDINALITY:
-        raise ValueError(
-            "`dataset` is infinite (a `.repeat()`ed dataset has no end to "
-            "count to); pass `steps_per_epoch` to `fit` instead. "
-            f"Received: {dataset=}"
-        )
-    if known >= 0:
-        return dataset
-
-    def add_one(count, *_):
-        return count + 1
-
-    count = int(dataset.reduce(tf.constant(0, tf.int64), add_one))
-    return dataset.apply(tf.data.experimental.assert_cardinality(count))
-
-
-def auto_bucket_boundaries(max_length: int) -> list[int]:
-    """Padded lengths 8, 16, 32, ... below `max_length`, then `max_length`."""
-    lengths = []
-    length = 8
-    while length < max_length:
-        lengths.append(length)
-        length *= 2
-    return [*lengths, max_length]
-
-
-def _batch(
-    dataset,
-    *,
-    batch_size,
-    max_lengths,
-    length,
-    bucket_boundaries,
-    drop_remainder,
-    pad_to_bucket_boundary=True,
-):
-    longest = max(m for m in max_lengths if m is not None)
-    if bucket_boundaries is None:
-        shapes = tuple([m] if m is not None else [] for m in max_lengths)
-        return dataset.padded_batch(
-            batch_size,
-            padded_shapes=shapes,
-            padding_values=PAD_ID,
-            drop_remainder=drop_remainder,
-        )
-    if isinstance(bucket_boundaries, str):
-        if bucket_boundaries != "auto":
-            raise ValueError(
-                "`bucket_boundaries` must be 'auto', a list of lengths or None. "
-                f"Received: {bucket_boundaries=}"
-            )
-        padded_lengths = auto_bucket_boundaries(longest)
-    else:
-        padded_lengths = sorted({int(b) for b in bucket_boundaries})
-        if not padded_lengths or padded_lengths[0] < 1:
-            raise ValueError(
-                f"`bucket_boundaries` must be positive lengths. Received: "
-                f"{bucket_boundaries=}"
-            )
-        if padded_lengths[-1] < longest:
-            padded_lengths.append(longest)
-    # A bucket with boundary b holds lengths < b and is padded to b - 1.
-    boundaries = [padded + 1 for padded in padded_lengths]
-    return dataset.bucket_by_sequence_length(
-        element_length_func=length,
-        bucket_boundaries=boundaries,
-        bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
-        padding_values=tuple(PAD_ID if m is not None else None for m in max_lengths),
-        pad_to_bucket_boundary=pad_to_bucket_boundary,
-        drop_remainder=drop_remainder,
-    )
-
-
-def _prefetch(dataset):
-    """Prefetch, and turn off `tf.data`'s autotuning thread.
-
-    The autotuner's thread sleeps between its optimization passes and, in
-    TensorFlow 2.21, deleting an iterator waits for that thread to wake (a
-    gdb dump showed `~Iterator` blocked on `Model::OptimizeLoop`). Keras
-    makes a new iterator every epoch, so epochs of translate.py started 0 to
-    33 s late with the processors idle. These pipelines cache what they
-    tokenize, so there is little left to tune.
-    """
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.prefetch(AUTOTUNE).with_options(options)
-
-
-def _map_in_batches(dataset, fn):
-    """`fn` over batches of `TOKENIZE_BATCH` examples (tokenizers are far
-    faster on batches), then back to dense examples."""
-    return (
-        dataset.batch(TOKENIZE_BATCH)
-        .map(fn, num_parallel_calls=AUTOTUNE, deterministic=True)
-        .unbatch()
-        .map(_dense, num_parallel_calls=AUTOTUNE)
-    )
-
-
-def _dense(*elements):
-    """Unbatched rows of a RaggedTensor come as 1-D ragged specs: make them dense."""
-    return tuple(
-        e.flat_values if isinstance(e, tf.RaggedTensor) else e for e in elements
-    )
-
-
-def _cache_and_shuffle(dataset, size, cache, shuffle, seed):
-    if cache:
-        dataset = dataset.cache()
-    if shuffle:
-        dataset = dataset.shuffle(
-            min(size, 100_000), seed=seed, reshuffle_each_iteration=True
-        )
-    return dataset
 
 
 def _unzip_pairs(pairs):

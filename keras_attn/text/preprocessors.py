@@ -43,6 +43,14 @@ def _dense(ids, length: int):
     return ids[:, :length].to_tensor(default_value=PAD_ID, shape=[None, length])
 
 
+def detokenized_texts(tokenizer, ids) -> list[str]:
+    """`tokenizer.detokenize(ids)` as a list of `str`: what the task methods
+    answer (valid UTF-8: bytes that are not decode with U+FFFD)."""
+    from keras_attn.models import _task
+
+    return _task.decoded(tokenizer.detokenize(ids))
+
+
 class _Preprocessor(keras.layers.Layer):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -122,6 +130,28 @@ class LanguageModelPreprocessor(_Preprocessor):
         targets = _dense(targets, self.sequence_length)
         weights = tf.cast(targets != PAD_ID, tf.float32)
         return keras.utils.pack_x_y_sample_weight(inputs, targets, weights)
+
+    def score_preprocess(self, x):
+        """Strings -> the rows `TransformerLanguageModel.score_ids` scores:
+        each text's ids between the start and the end token, int32
+        `[B, L]`, 0-padded to the longest (not cut: a long text is scored
+        in sliding windows)."""
+        ids = self.tokenizer.tokenize(self._strings(x))
+        rows = ids.nrows()
+        ids = tf.concat(
+            [tf.fill([rows, 1], START_ID), ids, tf.fill([rows, 1], END_ID)], axis=1
+        )
+        return ids.to_tensor(default_value=PAD_ID)
+
+    def generate_preprocess(self, x):
+        """Prompt strings -> their ids, ragged `[B, None]` (without the start
+        token: `TransformerLanguageModel.continue_ids` adds it)."""
+        return self.tokenizer.tokenize(self._strings(x))
+
+    def generate_postprocess(self, ids) -> list[str]:
+        """New token ids (ragged or 0-padded) -> their texts, a list of `str`
+        (`detokenized_texts`)."""
+        return detokenized_texts(self.tokenizer, ids)
 
     def get_config(self):
         return {
