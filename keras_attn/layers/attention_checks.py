@@ -328,6 +328,18 @@ def check_call(
     )
 
 
+def check_band_axes(axes, attention_axes, query_shape) -> None:
+    """The causal mask and the window of a higher-rank `_compute_attention`
+    call need attention over axis 1 alone (`axes`: the normalized axes)."""
+    if axes != (1,):
+        raise ValueError(
+            "`use_causal_mask` and `sliding_window` need attention over "
+            "axis 1 alone (`attention_axes=(1,)`). Received: "
+            f"attention_axes={attention_axes!r}, "
+            f"query.shape={tuple(query_shape)}"
+        )
+
+
 def check_positions(
     rotary_embedding,
     alibi_bias,

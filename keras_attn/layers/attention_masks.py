@@ -151,3 +151,14 @@ def attention_arguments(
         "causal_offset": offset,
         "sliding_window": sliding_window,
     }, has_keys
+
+
+def zero_rows_without_keys(outputs, has_keys):
+    """`outputs` `(B, <axes>, ...)` with zeros at the query positions that
+    have no key to attend to (`has_keys` `(B|1, <axes>)` false), so no
+    output bias reaches them; `outputs` itself when `has_keys` is `None`."""
+    if has_keys is None:
+        return outputs
+    while len(has_keys.shape) < len(outputs.shape):
+        has_keys = ops.expand_dims(has_keys, -1)  # (B|1, <axes>|1, 1...)
+    return ops.where(has_keys, outputs, ops.zeros_like(outputs))

@@ -9,7 +9,7 @@ from keras import ops
 from keras_attn import _validation as v
 from keras_attn.layers import attention_checks as checks
 from keras_attn.layers import kv_cache
-from keras_attn.layers.attention_masks import mask_components
+from keras_attn.layers.attention_masks import mask_components, zero_rows_without_keys
 from keras_attn.ops.attention import check_flash_attention, dot_product_attention
 from keras_attn.ops.masks import combine_masks
 
@@ -254,6 +254,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         )
         gate = self._gate_dense(query) if self.use_gate else None
         query_heads = self._query_dense(query)  # (B, Tq, N, H)
+        new_keys = new_values = None  # a cache used as it is
         if cache is None or cache_update_index is not None:
             key = value if key is None else key
             new_keys = self._key_dense(key)  # (B, Tv, K, H)
@@ -262,11 +263,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             key_heads, value_heads = new_keys, new_values
         else:
             key_heads, value_heads, cache = kv_cache.updated_cache(
-                cache,
-                stacked,
-                None if cache_update_index is None else new_keys,
-                None if cache_update_index is None else new_values,
-                cache_update_index,
+                cache, stacked, new_keys, new_values, cache_update_index
             )
         offset = kv_cache.cache_offset(cache_update_index)
         explicit, key_padding, query_padding, has_keys = mask_components(
@@ -303,8 +300,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         if gate is not None:
             attended = ops.multiply(attended, ops.cast(gate, attended.dtype))
         outputs = self._output_dense(attended)  # (B, Tq, d)
-        if has_keys is not None:
-            outputs = ops.where(has_keys[:, :, None], outputs, ops.zeros_like(outputs))
+        outputs = zero_rows_without_keys(outputs, has_keys)
         result = (outputs,)
         if return_attention_scores:
             result += (weights,)

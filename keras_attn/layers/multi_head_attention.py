@@ -1,10 +1,7 @@
 """`MultiHeadAttention`: `keras.layers.MultiHeadAttention` with keras-attn's call.
 
-The layer's parts live in modules named for them: the KV cache in
-`kv_cache`, the masks of a call in `attention_masks`, Keras's higher-rank
-`attention_axes` in `attention_axes`, the projections in `projection` and
-the argument checks in `attention_checks`. docs/LAYERS.md describes the
-call in full.
+Its parts are in modules named for them: `kv_cache`, `attention_masks`,
+`attention_axes`, `projection` and `attention_checks` (docs/LAYERS.md).
 """
 
 from __future__ import annotations
@@ -18,7 +15,10 @@ from keras_attn.layers import attention_checks as checks
 from keras_attn.layers import kv_cache
 from keras_attn.layers._policies import with_quantized_policies
 from keras_attn.layers.alibi_bias import alibi_slopes
-from keras_attn.layers.attention_masks import attention_arguments
+from keras_attn.layers.attention_masks import (
+    attention_arguments,
+    zero_rows_without_keys,
+)
 from keras_attn.layers.projection import grouped_projection, project
 from keras_attn.ops.attention import (
     check_flash_attention,
@@ -293,27 +293,28 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             cache, self.key_value_heads, self.key_dim, self.value_dim
         )
 
-    @staticmethod
-    def _key_length(query, value, key, cache):
-        """What the checks take as the key length: the cache's length, the
-        key's (rank 3), or the value's shape (higher ranks)."""
-        if cache is not None:
-            return kv_cache.cache_length(cache)
-        if len(query.shape) == 3:
-            return (value if key is None else key).shape[1]
-        return tuple(value.shape)
-
-    def _check_call(self, query, key_length, *masks_and_cache):
+    def _check_call(self, query, value, key, *masks, cache, cache_update_index):
         """`attention_checks.check_call` with the layer's heads, axes and
-        window."""
+        window, the cache validated first: `(stacked, key_length)`, whether
+        the cache is keras-hub's stacked tensor and the key length checked."""
+        stacked = cache is not None and self._check_cache(cache)
+        if cache is not None:
+            key_length = kv_cache.cache_length(cache)
+        elif len(query.shape) == 3:
+            key_length = (value if key is None else key).shape[1]
+        else:
+            key_length = tuple(value.shape)  # the scores' key axes
         checks.check_call(
             query,
             key_length,
-            *masks_and_cache,
+            *masks,
+            cache,
+            cache_update_index,
             num_heads=self.num_heads,
             attention_axes=self.attention_axes,
             sliding_window=self.sliding_window,
         )
+        return stacked, key_length
 
     # -- the forward pass ----------------------------------------------------------
 
@@ -355,13 +356,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         layout = axes.layout(self.attention_axes, rank)
         if rank > 4 and (use_causal_mask or sliding_window is not None):
             # Keras's causal mask of higher-rank inputs runs over axis 1.
-            if layout[2] != (1,):
-                raise ValueError(
-                    "`use_causal_mask` and `sliding_window` need attention over "
-                    "axis 1 alone (`attention_axes=(1,)`). Received: "
-                    f"attention_axes={self.attention_axes!r}, "
-                    f"query.shape={tuple(query.shape)}"
-                )
+            checks.check_band_axes(layout[2], self.attention_axes, query.shape)
             attention_mask = axes.with_band(
                 attention_mask,
                 layout,
@@ -438,17 +433,17 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             checks.check_call_inputs(
                 query, value, key, (self.query_dense, self.value_dense, self.key_dense)
             )
-        stacked = cache is not None and self._check_cache(cache)
-        self._check_call(
+        stacked, _ = self._check_call(
             query,
-            self._key_length(query, value, key, cache),
+            value,
+            key,
             query_mask,
             value_mask,
             key_mask,
             attention_mask,
             use_causal_mask,
-            cache,
-            cache_update_index,
+            cache=cache,
+            cache_update_index=cache_update_index,
         )
         checks.check_positions(
             self.rotary_embedding,
@@ -471,17 +466,14 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         offset = kv_cache.cache_offset(cache_update_index)
         if self.rotary_embedding is not None:
             query_heads = self._rotate(query_heads, offset)
+        new_keys = new_values = None  # a cache used as it is
         if cache is None or cache_update_index is not None:
             new_keys, new_values = self._key_value(value, key, offset)  # (B,Tv,K,H)
         if cache is None:
             key_heads, value_heads = new_keys, new_values
         else:
             key_heads, value_heads, cache = kv_cache.updated_cache(
-                cache,
-                stacked,
-                None if cache_update_index is None else new_keys,
-                None if cache_update_index is None else new_values,
-                cache_update_index,
+                cache, stacked, new_keys, new_values, cache_update_index
             )
         if rank == 3:
             arguments, has_keys = attention_arguments(
@@ -525,10 +517,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         if gate is not None:
             attended = ops.multiply(attended, ops.cast(gate, attended.dtype))
         outputs = project(self.output_dense, attended)  # (B, <axes>, *output_shape)
-        if has_keys is not None:
-            while len(has_keys.shape) < len(outputs.shape):
-                has_keys = ops.expand_dims(has_keys, -1)  # (B|1, <axes>|1, 1...)
-            outputs = ops.where(has_keys, outputs, ops.zeros_like(outputs))
+        outputs = zero_rows_without_keys(outputs, has_keys)
         result = (outputs,)
         if return_attention_scores:
             result += (weights,)
@@ -564,24 +553,22 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         cache=None,
         cache_update_index=None,
     ):
-        if cache is not None:
-            self._check_cache(cache)
-        else:
+        if cache is None:
             key_shape = (value if key is None else key).shape
             checks.check_shapes(
                 tuple(query.shape), tuple(value.shape), tuple(key_shape)
             )
-        key_length = self._key_length(query, value, key, cache)
-        self._check_call(
+        _, key_length = self._check_call(
             query,
-            key_length,
+            value,
+            key,
             query_mask,
             value_mask,
             key_mask,
             attention_mask,
             use_causal_mask,
-            cache,
-            cache_update_index,
+            cache=cache,
+            cache_update_index=cache_update_index,
         )
         result = (
             keras.KerasTensor(
