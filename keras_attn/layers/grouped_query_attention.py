@@ -7,38 +7,11 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.layers.multi_head_attention import (
-    MultiHeadAttention,
-    check_cache,
-    check_call_inputs,
-    check_layer_options,
-    mask_components,
-    updated_cache,
-)
+from keras_attn.layers import attention_checks as checks
+from keras_attn.layers import kv_cache
+from keras_attn.layers.attention_masks import mask_components, zero_rows_without_keys
 from keras_attn.ops.attention import check_flash_attention, dot_product_attention
 from keras_attn.ops.masks import combine_masks
-
-
-def _check_attention_mask(attention_mask, batch, heads, query_length, key_length):
-    """Keras's rule for a rank-3 call: `attention_mask` broadcasts to the
-    scores `(B, N, Tq, Tk)` with its missing axes before the query axis."""
-    if attention_mask is None:
-        return
-    shape = tuple(attention_mask.shape)
-    target = (batch, heads, query_length, key_length)
-    if 2 <= len(shape) <= 4:
-        expanded = shape[:-2] + (1,) * (4 - len(shape)) + shape[-2:]
-        if all(
-            got is None or want is None or got in (1, want)
-            for got, want in zip(expanded, target, strict=True)
-        ):
-            return
-    raise ValueError(
-        f"`attention_mask` must broadcast to the attention scores {target} "
-        "(None: any size) as in Keras: (Tq, Tk), (batch, Tq, Tk) or (batch, "
-        "heads, Tq, Tk), any axis of size 1 broadcasting. Received: "
-        f"attention_mask.shape={shape}"
-    )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -172,7 +145,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             kernel_constraint=kernel_constraint,
             bias_constraint=bias_constraint,
         )
-        check_layer_options(use_gate, seed, weight_options)
+        checks.check_layer_options(use_gate, seed, weight_options)
         super().__init__(
             head_dim=int(head_dim),
             num_query_heads=int(num_query_heads),
@@ -209,7 +182,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
 
     def _check_cache(self, cache) -> bool:
         """Validate either cache form; `True` for keras-hub's stacked tensor."""
-        return check_cache(
+        return kv_cache.check_cache(
             cache, self.num_key_value_heads, self.head_dim, self.head_dim
         )
 
@@ -228,11 +201,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         cache=None,
         cache_update_index=None,
     ):
-        if cache is None and cache_update_index is not None:
-            raise ValueError(
-                "`cache_update_index` needs a `cache`. Received: cache=None, "
-                f"cache_update_index={cache_update_index!r}"
-            )
+        kv_cache.check_cache_update_index(cache, cache_update_index)
         if self._overrides_compute_attention():
             if cache is not None:
                 raise ValueError(
@@ -259,7 +228,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         self._return_attention_scores = return_attention_scores
         query_mask = combine_masks(query_mask, getattr(query, "_keras_mask", None))
         if value is not None:
-            check_call_inputs(
+            checks.check_call_inputs(
                 query,
                 value,
                 key,
@@ -267,18 +236,25 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             )
         stacked = cache is not None and self._check_cache(cache)
         if cache is not None:
-            key_length = MultiHeadAttention._cache_length(cache)
+            key_length = kv_cache.cache_length(cache)
         else:
             key_length = (value if key is None else key).shape[1]
-        batch, query_length = query.shape[0], query.shape[1]
-        v.check_mask_shape("query_mask", query_mask, (batch, query_length))
-        v.check_mask_shape("value_mask", value_mask, (batch, key_length))
-        v.check_mask_shape("key_mask", key_mask, (batch, key_length))
-        _check_attention_mask(
-            attention_mask, batch, self.num_query_heads, query_length, key_length
+        checks.check_padding_masks(
+            query_mask, value_mask, key_mask, query.shape[0], query.shape[1], key_length
+        )
+        # Keras's rule for a rank-3 call, worded without MultiHeadAttention's
+        # hint on rank-2 masks.
+        checks.check_attention_mask(
+            attention_mask,
+            query.shape,
+            key_length,
+            self.num_query_heads,
+            None,
+            hint=False,
         )
         gate = self._gate_dense(query) if self.use_gate else None
         query_heads = self._query_dense(query)  # (B, Tq, N, H)
+        new_keys = new_values = None  # a cache used as it is
         if cache is None or cache_update_index is not None:
             key = value if key is None else key
             new_keys = self._key_dense(key)  # (B, Tv, K, H)
@@ -286,14 +262,10 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         if cache is None:
             key_heads, value_heads = new_keys, new_values
         else:
-            key_heads, value_heads, cache = updated_cache(
-                cache,
-                stacked,
-                None if cache_update_index is None else new_keys,
-                None if cache_update_index is None else new_values,
-                cache_update_index,
+            key_heads, value_heads, cache = kv_cache.updated_cache(
+                cache, stacked, new_keys, new_values, cache_update_index
             )
-        offset = 0 if cache_update_index is None else cache_update_index
+        offset = kv_cache.cache_offset(cache_update_index)
         explicit, key_padding, query_padding, has_keys = mask_components(
             query_heads,
             key_heads,
@@ -328,8 +300,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         if gate is not None:
             attended = ops.multiply(attended, ops.cast(gate, attended.dtype))
         outputs = self._output_dense(attended)  # (B, Tq, d)
-        if has_keys is not None:
-            outputs = ops.where(has_keys[:, :, None], outputs, ops.zeros_like(outputs))
+        outputs = zero_rows_without_keys(outputs, has_keys)
         result = (outputs,)
         if return_attention_scores:
             result += (weights,)
@@ -362,11 +333,5 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         )
         if cache is None:
             return spec
-        if isinstance(cache, (tuple, list)):
-            cache_spec = tuple(
-                keras.KerasTensor(tuple(part.shape), dtype=part.dtype) for part in cache
-            )
-        else:
-            cache_spec = keras.KerasTensor(tuple(cache.shape), dtype=cache.dtype)
         spec = spec if isinstance(spec, tuple) else (spec,)
-        return (*spec, cache_spec)
+        return (*spec, kv_cache.cache_spec(cache))

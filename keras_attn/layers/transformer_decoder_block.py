@@ -5,9 +5,9 @@ KV cache for decoding."""
 from __future__ import annotations
 
 import keras
-from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.layers import kv_cache
 from keras_attn.layers._transformer_block import (
     TransformerBlockBase,
 )
@@ -29,10 +29,6 @@ def _describe(value):
     if hasattr(value, "shape"):
         return f"<tensor of shape {tuple(value.shape)}>"
     return repr(value)
-
-
-def _is_stacked(cache) -> bool:
-    return cache is not None and not isinstance(cache, (tuple, list))
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -264,14 +260,15 @@ class TransformerDecoder(TransformerBlockBase):
         self._check_built("initial_cache")
         dtype = dtype or self.compute_dtype
         attention = self._self_attention_layer
-        heads = attention.key_value_heads
-        key_shape = (batch_size, max_length, heads, attention.key_dim)
-        if stacked:
-            return ops.zeros(
-                (batch_size, 2, max_length, heads, attention.key_dim), dtype=dtype
-            )
-        value_shape = (batch_size, max_length, heads, attention.value_dim)
-        return ops.zeros(key_shape, dtype=dtype), ops.zeros(value_shape, dtype=dtype)
+        return kv_cache.initial_cache(
+            batch_size,
+            max_length,
+            attention.key_value_heads,
+            attention.key_dim,
+            attention.value_dim,
+            dtype,
+            stacked,
+        )
 
     def compute_cross_attention_cache(self, encoder_sequence):
         """The cross-attention `(key, value)`, each `(batch, S, heads, head_dim)`.
@@ -318,8 +315,8 @@ class TransformerDecoder(TransformerBlockBase):
                         f"`{name}`. Received: {name}={_describe(value)}"
                     )
         hub_form = (
-            _is_stacked(self_attention_cache)
-            or _is_stacked(cross_attention_cache)
+            kv_cache.is_stacked(self_attention_cache)
+            or kv_cache.is_stacked(cross_attention_cache)
             or self_attention_cache_update_index is not None
             or cross_attention_cache_update_index is not None
         )
@@ -328,7 +325,7 @@ class TransformerDecoder(TransformerBlockBase):
                 ("self_attention_cache", self_attention_cache),
                 ("cross_attention_cache", cross_attention_cache),
             ):
-                if cache is not None and not _is_stacked(cache):
+                if cache is not None and not kv_cache.is_stacked(cache):
                     raise ValueError(
                         "Use one cache form per call: keras-hub's stacked "
                         "tensors with `self_attention_cache_update_index` / "
@@ -530,20 +527,16 @@ class TransformerDecoder(TransformerBlockBase):
         )
         v.check_rank("decoder_sequence", decoder_sequence.shape, 3)
         batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
-        if form == TUPLE_CACHE:
-            key_length = self_attention_cache[0].shape[1]
-        elif form == STACKED_CACHE:
-            key_length = self_attention_cache.shape[2]
-        else:
+        if form is None:
             key_length = length
+        else:
+            key_length = kv_cache.cache_length(self_attention_cache)
         source_length = None
         if self._cross_attention_layer is not None:
             if cross_attention_cache is None:
                 source_length = encoder_sequence.shape[1]
-            elif _is_stacked(cross_attention_cache):
-                source_length = cross_attention_cache.shape[2]
             else:
-                source_length = cross_attention_cache[0].shape[1]
+                source_length = kv_cache.cache_length(cross_attention_cache)
         for name, tensor, shape in (
             ("decoder_padding_mask", decoder_padding_mask, (batch, length)),
             (
@@ -572,16 +565,12 @@ class TransformerDecoder(TransformerBlockBase):
                     (batch, self.num_heads, length, source_length), dtype=dtype
                 )
             result += (scores,)
-
-        def spec(tensor):
-            return keras.KerasTensor(tensor.shape, dtype=tensor.dtype)
-
         if form == TUPLE_CACHE:
-            result += (tuple(spec(t) for t in self_attention_cache),)
+            result += (kv_cache.cache_spec(tuple(self_attention_cache)),)
         elif form == STACKED_CACHE:
-            result += (spec(self_attention_cache),)
+            result += (kv_cache.cache_spec(self_attention_cache),)
             if self._cross_attention_layer is not None:
-                result += (spec(cross_attention_cache),)
+                result += (kv_cache.cache_spec(cross_attention_cache),)
         return result[0] if len(result) == 1 else result
 
 
