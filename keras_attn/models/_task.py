@@ -315,16 +315,3 @@ def compiled_forward(model, width: int):
 
     # Rebuilt when the variables change (`quantize`): a trace keeps the old.
     return cached(model, ("compiled_forward", width), tuple(model.variables), build)
-
-
-def decoded(texts) -> list[str]:
-    """Byte strings (a `tf.string` tensor, an array or a list) as `str`,
-    what is not valid UTF-8 replaced by U+FFFD."""
-    import numpy as np
-
-    if not isinstance(texts, (list, tuple)):
-        texts = np.asarray(texts, dtype=object).reshape(-1).tolist()
-    return [
-        text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
-        for text in texts
-    ]

@@ -22,6 +22,7 @@ batch to a length bucket instead. TensorFlow ops only (the `text` extra).
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_attn import _validation as v
@@ -46,9 +47,18 @@ def _dense(ids, length: int):
 def detokenized_texts(tokenizer, ids) -> list[str]:
     """`tokenizer.detokenize(ids)` as a list of `str`: what the task methods
     answer (valid UTF-8: bytes that are not decode with U+FFFD)."""
-    from keras_attn.models import _task
+    return decoded(tokenizer.detokenize(ids))
 
-    return _task.decoded(tokenizer.detokenize(ids))
+
+def decoded(texts) -> list[str]:
+    """Byte strings (a `tf.string` tensor, an array or a list) as `str`,
+    what is not valid UTF-8 replaced by U+FFFD."""
+    if not isinstance(texts, (list, tuple)):
+        texts = np.asarray(texts, dtype=object).reshape(-1).tolist()
+    return [
+        text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+        for text in texts
+    ]
 
 
 class _Preprocessor(keras.layers.Layer):
