@@ -35,6 +35,7 @@ def cases(report):
     return {(case["task"], case["mesh"]): case for case in report["results"]}
 
 
+@pytest.mark.slow  # the bench's own run on 8 virtual devices
 def test_every_task_and_step_compiled(report):
     found = cases(report)
     assert set(found) == {(task, "1x4") for task in bench.TASKS}
@@ -46,6 +47,7 @@ def test_every_task_and_step_compiled(report):
         assert case["shape"] == [1, 4]
 
 
+@pytest.mark.slow  # the bench's own run on 8 virtual devices
 def test_no_kernel_is_all_gathered(report):
     """Under (1, 4) no all-gather reads a model variable, and none has the
     full shape of a split kernel (in any order of its axes)."""
@@ -76,6 +78,7 @@ def _split_kernel_shapes(task, layers):
     ]
 
 
+@pytest.mark.slow  # the bench's own run on 8 virtual devices
 def test_train_step_all_reduces_at_least_megatron_per_block(report):
     for (task, _), case in cases(report).items():
         summary = case["steps"]["train"]
@@ -103,6 +106,7 @@ def test_train_step_all_reduces_at_least_megatron_per_block(report):
                 assert (entry["forward"], entry["backward"]) == (2, 2)
 
 
+@pytest.mark.slow  # the bench's own run on 8 virtual devices
 def test_counts_match_the_breakdown(report):
     for (task, _), case in cases(report).items():
         for step, s in case["steps"].items():
@@ -132,6 +136,7 @@ def test_counts_match_the_breakdown(report):
             assert set(s["by_kind"]) == set(bench.KINDS)
 
 
+@pytest.mark.slow  # the bench's own run on 8 virtual devices
 def test_vocabulary_extras_of_the_language_model(report):
     """The sharded vocabulary costs an all-reduce for the lookup, one for the
     tied projection's input gradient, and the softmax's (max, sum, target
@@ -143,6 +148,7 @@ def test_vocabulary_extras_of_the_language_model(report):
     assert operands["softmax over the sharded vocabulary (loss or sampler)"] >= 3
 
 
+@pytest.mark.slow  # the bench's own run on 8 virtual devices
 def test_decoding_token_step(report):
     """Inside the decoding loop each block all-reduces Megatron's forward
     count; greedy decoding's argmax gathers one value and index per shard."""
@@ -161,6 +167,7 @@ def test_decoding_token_step(report):
     assert all(g["in_loop"] for g in lm["all_gathers"])
 
 
+@pytest.mark.slow  # the bench's own run on 8 virtual devices
 def test_memory_efficient_path_taken(report):
     for (task, _), case in cases(report).items():
         s = case["steps"]["memory_efficient"]

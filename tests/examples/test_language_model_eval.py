@@ -36,6 +36,8 @@ def test_eval_stride_out_of_range_is_refused(stride, capsys):
     )
 
 
+# the scoring and the cache export are tested in tests/models and tests/export
+@pytest.mark.slow
 def test_smoke_run_records_strided_and_nonoverlapping_figures_and_exports_the_cache(
     tmp_path,
 ):

@@ -308,6 +308,8 @@ def test_translate_smoke_with_a_pretrained_encoder(tmp_path):
     assert (out / "plots" / "alignment_0.png").is_file()
 
 
+# resuming is tested in tests/training; this kills the script's process
+@pytest.mark.slow
 def test_language_model_resumes_after_a_kill(tmp_path):
     data = tmp_path / "play.txt"  # long enough for three non-empty splits
     data.write_text((FIXTURES / "play_sample.txt").read_text() * 20)
@@ -359,6 +361,8 @@ def test_language_model_resumes_after_a_kill(tmp_path):
     assert got["optimizer_steps"] == want["optimizer_steps"]
 
 
+# from_bert and its export are tested in tests/models and tests/export
+@pytest.mark.slow
 def test_sentiment_smoke_fine_tunes_a_pretrained_checkpoint(sentiment_file, tmp_path):
     from tests.test_case import write_bert_checkpoint
 

@@ -70,6 +70,9 @@ def test_rotary_grouped_query_export_is_servable(rotary_export):
     assert_answers_match(model, path)
 
 
+# ALiBi and windows in process in tests/layers; the rotary export stays in the default
+# run
+@pytest.mark.slow
 def test_alibi_sliding_window_export_answers_as_the_model(small_tokenizer, tmp_path):
     model, path = exported_model(
         small_tokenizer, tmp_path, "alibi", num_key_value_heads=1, sliding_window=8

@@ -178,6 +178,7 @@ def fake_runtime(release, text_ops_dir, linked_dir):
     )
 
 
+@pytest.mark.slow  # the release table and its parsing stay in the default run
 @pytest.mark.tf_only
 def test_check_against_a_release_whose_text_library_cannot_load(
     small_sentiment_export, text_op_libraries, tmp_path, monkeypatch

@@ -103,6 +103,8 @@ def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported):
         )
 
 
+# the check itself is tested in tests/export/test_check.py; this runs its command line
+@pytest.mark.slow
 def test_cli_check(exported):
     _, _, _, path = exported
     result = subprocess.run(  # the model directory: its highest version

@@ -163,7 +163,9 @@ def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported, sign
 @pytest.mark.parametrize(
     "key_dtype",
     [
-        "float32",
+        # The search and the mixture are tested in process (tests/memory);
+        # this serves them from an export.
+        pytest.param("float32", marks=pytest.mark.slow),
         # bfloat16 keys are searched as float32 ones (tests/memory/test_knn_mt.py
         # tests them in process); 50 s more of the default run.
         pytest.param("bfloat16", marks=pytest.mark.large),

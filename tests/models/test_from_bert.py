@@ -291,6 +291,8 @@ def test_translator_encoder_equals_numpy_bert(checkpoint_dir):
     assert model.target_embedding.embedding_dim == 16
 
 
+# the frozen-embedding option's wiring is tested in the default run; this trains
+@pytest.mark.slow
 def test_translator_freezes_the_token_embeddings_and_trains_the_rest(
     checkpoint_dir, tmp_path
 ):

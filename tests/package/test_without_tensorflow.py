@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.test_case import BLOCK_TENSORFLOW, REPO_ROOT
 
 SCRIPT = BLOCK_TENSORFLOW + textwrap.dedent(
@@ -108,6 +110,9 @@ SCRIPT = BLOCK_TENSORFLOW + textwrap.dedent(
 )
 
 
+# the networks on JAX are tested in process by the JAX run; this adds the import without
+# TensorFlow
+@pytest.mark.slow
 def test_networks_build_train_decode_and_save_on_jax_without_tensorflow(tmp_path):
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": REPO_ROOT}
     result = subprocess.run(
