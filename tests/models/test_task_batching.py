@@ -282,6 +282,7 @@ class _BadBytes:
 
 def test_generated_text_is_always_valid_utf8(models, small_tokenizer, tmp_path):
     from keras_attn.text import SubwordTokenizer, train_subword_vocabulary
+    from keras_attn.text.preprocessors import decoded
 
     lm = models["language_model"]
     lm.tokenizer = _BadBytes(small_tokenizer)
@@ -302,10 +303,8 @@ def test_generated_text_is_always_valid_utf8(models, small_tokenizer, tmp_path):
     )
     pieces = {piece: i for i, piece in enumerate(tokenizer.get_vocabulary())}
     ids = [[pieces["<0xC3>"], pieces["<0x28>"], pieces["<0xFF>"]]]
-    assert _task.decoded(tokenizer.detokenize(np.array(ids, "int32"))) == [
-        "\ufffd(\ufffd"
-    ]
-    assert _task.decoded([b"\xc3\x28", "already text"]) == ["\ufffd(", "already text"]
+    assert decoded(tokenizer.detokenize(np.array(ids, "int32"))) == ["\ufffd(\ufffd"]
+    assert decoded([b"\xc3\x28", "already text"]) == ["\ufffd(", "already text"]
 
 
 def test_classify_compiles_its_network_once_per_width_and_reads_new_weights(
