@@ -5,15 +5,20 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Two pytest-xdist workers: much of a test's time is single-threaded tracing
 # and compiling. `make test` on an idle 2-core machine:
-# - AMD EPYC with AVX-512 BF16 (no AMX), 2026-11-28, before the `slow` marker:
-#   26:17 (the TensorFlow run 16:34, the JAX run 9:34); test-torch 5:40.
-# - AMD EPYC with AVX2 only (no AVX-512), 2026-11-29, before the `slow`
-#   marker: the TensorFlow run 34:16, the JAX run 20:16 (the same tests run
-#   about twice as long on this CPU). The tests marked `slow` took 10.5
-#   worker-minutes of that TensorFlow run.
+# - AMD EPYC with AVX2 only (no AVX-512), 2026-11-29: 27:37 in all (the
+#   TensorFlow run 17:35, the JAX run 9:44). Before `worksteal`, the JAX
+#   compile level (tests/conftest.py) and the last `slow` marks, the same
+#   machine took 29:09 and 17:36 (docs/experiments/2026-11-29-test-budget.md).
+# - AMD EPYC with AVX-512 BF16 (no AMX), 2026-11-28, before all of those and
+#   the first `slow` marks: 26:17 (16:34 and 9:34); the same tests ran about
+#   2.1 times as long on the AVX2 machine, so about 13-14 minutes there now
+#   (not measured). test-torch 5:40.
 # PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
-PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS)
+# `worksteal` hands each worker a contiguous half of the tests, so a module's
+# fixtures (trained models, exports) are mostly built once rather than once
+# per worker (the export tests run about 20% faster than under `load`).
+PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS) --dist worksteal
 # Op, layer, decoding and memory tests run a second time on the JAX backend.
 # The other backends' runs are in `make test-backends` (run by .ci/run after
 # `make test`, which would pass its 20-minute budget with them): the property

@@ -51,7 +51,9 @@ def run_on_virtual_devices(script: str, *args, devices: int = 8, timeout=900):
     environment = {
         **os.environ,
         "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        # The test process's flags too (conftest.py: the compile level).
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
+        + f" --xla_force_host_platform_device_count={devices}",
         "PYTHONPATH": REPO_ROOT,
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }

@@ -25,7 +25,8 @@ def run_script(name, *args, backend="jax"):
         env={
             **os.environ,
             "KERAS_BACKEND": backend,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
+            + " --xla_force_host_platform_device_count=8",
             "TF_CPP_MIN_LOG_LEVEL": "3",
         },
     )

@@ -135,6 +135,13 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
     ]
 
 
+# The translation script end to end (training, decoding, the kNN-MT grid,
+# the export). The default run covers its parts: the sentiment smoke below
+# runs the scripts' shared training and export path,
+# tests/models/test_transformer_translator.py the translator,
+# tests/memory/test_knn_mt.py `choose_knn_decoding` and
+# tests/export/test_translator_export.py the kNN export.
+@pytest.mark.slow
 def test_translate_smoke(tmp_path):
     out = tmp_path / "run"
     stdout = run_script(

@@ -88,6 +88,10 @@ def test_servable_with_both_signatures(exported):
     assert report.signatures == ["serving_default", "translate_with_alignment"]
 
 
+# A second pretrained-encoder translator and export; the default run serves
+# the module's own ("bert": test_the_export_serves_what_translate_gives) and
+# tests/export/test_sentiment_export.py the WordPiece pieces in a graph.
+@pytest.mark.slow
 def test_wordpiece_sources_are_served_as_the_encoder_reads_them(
     small_tokenizer, tmp_path
 ):

@@ -206,7 +206,8 @@ def start(
     environment.update(
         KERAS_BACKEND="jax",
         PYTHONPATH=REPO_ROOT,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+        + f" --xla_force_host_platform_device_count={devices}",
         TF_CPP_MIN_LOG_LEVEL="2",
         PYTHONUNBUFFERED="1",
     )
