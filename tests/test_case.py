@@ -44,6 +44,13 @@ BLOCK_TENSORFLOW = textwrap.dedent(
 EXAMPLE_HELPERS = ("_cli", "_options")  # examples/ modules the scripts import
 
 
+def xla_flags_with_devices(devices: int) -> str:
+    """`XLA_FLAGS` for a JAX process on `devices` virtual CPU devices: this
+    process's flags (conftest.py's compile level) and the device count."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+
+
 def run_on_virtual_devices(script: str, *args, devices: int = 8, timeout=900):
     """Run `script` (Python source) in a fresh process on JAX with `devices`
     virtual CPU devices (fixed when JAX starts, hence the process) and
@@ -51,9 +58,7 @@ def run_on_virtual_devices(script: str, *args, devices: int = 8, timeout=900):
     environment = {
         **os.environ,
         "KERAS_BACKEND": "jax",
-        # The test process's flags too (conftest.py: the compile level).
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
-        + f" --xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": xla_flags_with_devices(devices),
         "PYTHONPATH": REPO_ROOT,
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }

@@ -13,6 +13,7 @@ import pytest
 from keras_attn import training
 from tests.examples.fresh_load import assert_run_loads_in_a_fresh_process
 from tests.examples.test_scripts import REPO, write_reviews
+from tests.test_case import xla_flags_with_devices
 
 
 def run_script(name, *args, backend="jax"):
@@ -25,8 +26,7 @@ def run_script(name, *args, backend="jax"):
         env={
             **os.environ,
             "KERAS_BACKEND": backend,
-            "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
-            + " --xla_force_host_platform_device_count=8",
+            "XLA_FLAGS": xla_flags_with_devices(8),
             "TF_CPP_MIN_LOG_LEVEL": "3",
         },
     )

@@ -136,7 +136,7 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
 
 
 # The translation script end to end (training, decoding, the kNN-MT grid,
-# the export). The default run covers its parts: the sentiment smoke below
+# the export). The default run covers its parts: the sentiment smoke above
 # runs the scripts' shared training and export path,
 # tests/models/test_transformer_translator.py the translator,
 # tests/memory/test_knn_mt.py `choose_knn_decoding` and

@@ -25,7 +25,7 @@ from keras_attn.training.multi_process import (
     initialize_processes,
     resolve_process_arguments,
 )
-from tests.test_case import REPO_ROOT
+from tests.test_case import REPO_ROOT, xla_flags_with_devices
 
 WORKER = os.path.join(REPO_ROOT, "tests", "training", "two_process_worker.py")
 TIMEOUT = 240  # seconds a run may take: a safety net, asserted not reached
@@ -206,8 +206,7 @@ def start(
     environment.update(
         KERAS_BACKEND="jax",
         PYTHONPATH=REPO_ROOT,
-        XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
-        + f" --xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags_with_devices(devices),
         TF_CPP_MIN_LOG_LEVEL="2",
         PYTHONUNBUFFERED="1",
     )
