@@ -19,6 +19,18 @@ batching queue). Then:
 3. Memory: resident memory after 3 warm-up rounds of 16 threads sending
    every batch size, and after 20 more rounds (must not grow by more than 5%).
 
+With `--precisions float32,bfloat16,int8,int4` and a trained model of a task
+(`--sentiment-run`, `--translator-run`, `--language-model-run`: a run
+directory of the example script, or its `model.keras`), the task is exported
+once per precision (`export(..., precision=...)`) and every export is
+measured as above in the same process, the exports taking turns call by
+call: p50/p99 at batch 1 and 16, texts per second under 1-16 clients, the
+size of each export's variables, and, for the sentiment exports, the useful
+work done per second (the matmuls over each text's real tokens, 2 FLOPs per
+weight per token, plus attention's 4·T²·d per layer) as a share of a
+2048x2048 `tf.matmul`'s rate in the same process (float32, and bfloat16 for
+the bfloat16 export).
+
 The process exits with status 1 if any of the "must" conditions fails.
 
 The exports: `--sentiment-export`, `--translator-export`,
@@ -114,23 +126,84 @@ def smoke_export(task: str, root: Path) -> Path:
     return out / "export" / task
 
 
-def run_export(task: str, run: Path, root: Path, beam_width: int = 4) -> Path:
-    """Export a trained run of translate.py or sentiment.py (its `model.keras`
-    holds its tokenizers), with its defaults (the translator with
-    `beam_width`)."""
+def load_run(run: Path):
+    """`(model, config)` of a trained run of an example script (its
+    `model.keras` holds its tokenizers; `run` may be the file itself)."""
     import keras
 
-    config = json.loads((run / "metrics.json").read_text())["config"]
-    model = keras.saving.load_model(run / "model.keras", compile=False)
+    run = Path(run)
+    path = run if run.suffix == ".keras" else run / "model.keras"
+    metrics = path.parent / "metrics.json"
+    config = json.loads(metrics.read_text())["config"] if metrics.exists() else {}
+    return keras.saving.load_model(path, compile=False), config
+
+
+def run_export(
+    task: str, run: Path, root: Path, beam_width: int = 4, precision=None
+) -> Path:
+    """Export a trained run of translate.py, sentiment.py or
+    language_model.py, with its defaults (the translator with `beam_width`),
+    in `precision` (None: as it is)."""
+    model, config = load_run(run)
+    suffix = "" if precision is None else f"_{precision}"
     if task == "translator":
         return model.export(
             root,
-            model_name=f"translator_{beam_width}",
+            model_name=f"translator_{beam_width}{suffix}",
             max_length=40,
             beam_width=beam_width,
             length_penalty=config.get("length_penalty", 1.0),
+            precision=precision,
         )
-    return model.export(root, max_length=64)
+    if task == "language_model":
+        return model.export(root, model_name=f"{task}{suffix}", precision=precision)
+    return model.export(
+        root, model_name=f"{task}{suffix}", max_length=64, precision=precision
+    )
+
+
+def variables_bytes(export: Path) -> int:
+    return sum(f.stat().st_size for f in (Path(export) / "variables").iterdir())
+
+
+def matmul_peak(dtype: str = "float32", size: int = 2048, rounds: int = 7) -> float:
+    """GFLOP/s of a `size`² `tf.matmul` in `dtype` (median of `rounds`)."""
+    import tensorflow as tf
+
+    a = tf.random.normal([size, size], dtype=tf.float32)
+    a = tf.cast(a, dtype)
+    matmul = tf.function(lambda x: tf.matmul(x, x))
+    matmul(a).numpy()
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        matmul(a).numpy()
+        seconds.append(time.perf_counter() - start)
+    return 2 * size**3 / np.median(seconds) / 1e9
+
+
+def classifier_flops(model, texts: list) -> float:
+    """The useful FLOPs of classifying `texts` with `model` (a
+    `TextClassifier` or an ensemble): per text of T real tokens, 2 per weight
+    of every matmul of the network per token, plus attention's 4·T²·d per
+    block (QKᵀ and the weighted sum)."""
+    import keras
+
+    members = getattr(model, "members", None) or [model]
+    tokenizer = model.dense_tokenizer(64)
+    lengths = [
+        int(np.count_nonzero(row)) for row in np.asarray(tokenizer.tokenize(texts))
+    ]
+    total = 0.0
+    for member in members:
+        weights = sum(
+            int(np.prod(layer.kernel.shape))
+            for layer in member.backbone._flatten_layers()
+            if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))
+        )
+        blocks, width = len(member.backbone.blocks), member.backbone.embedding_dim
+        total += sum(2 * weights * t + 4 * t * t * width * blocks for t in lengths)
+    return total
 
 
 def batches(texts: list, size: int, count: int) -> list:
@@ -260,6 +333,15 @@ def main():
         parser.add_argument(f"--{flag}-export", help=f"a {task} export")
     parser.add_argument("--translator-run", help="a translate.py run to export")
     parser.add_argument("--sentiment-run", help="a sentiment.py run to export")
+    parser.add_argument(
+        "--language-model-run", help="a language_model.py run to export"
+    )
+    parser.add_argument(
+        "--precisions",
+        default=None,
+        help="with a task's --*-run: export it in each of these precisions "
+        "(float32,bfloat16,int8,int4) and compare them",
+    )
     parser.add_argument("--threads", default="1,4,16,64")
     parser.add_argument("--batch-sizes", default="1,8,32")
     parser.add_argument("--seconds", type=float, default=10.0, help="per load cell")
@@ -277,24 +359,48 @@ def main():
 
     texts = fixture_texts()
     failures = []
-    sequential_rows, load_rows, memory_rows = [], [], []
+    sequential_rows, load_rows, memory_rows, size_rows = [], [], [], []
+    work = {}  # batch size -> useful FLOPs of the sentiment batch timed
+    peaks = {"float32": matmul_peak("float32")}
+    if args.precisions and "bfloat16" in args.precisions:
+        peaks["bfloat16"] = matmul_peak("bfloat16")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for task in tasks:
             export = getattr(args, f"{task}_export")
             run = getattr(args, f"{task}_run", None)
+            exports = {}
+            if run is not None and args.precisions:
+                for precision in args.precisions.split(","):
+                    exports[f"{task} {precision}"] = run_export(
+                        task, Path(run), root / "runs", precision=precision
+                    )
+                export = next(iter(exports.values()))
             if export is None and run is not None:
                 export = run_export(task, Path(run), root / "runs")
             if export is None:
                 export = smoke_export(task, root)
             server = StandInServer(export)
             variants = [(task, server)]
-            if task == "translator" and run is not None:  # and its greedy export
+            if exports:  # one export per precision
+                variants = [
+                    (name, server if path == export else StandInServer(path))
+                    for name, path in exports.items()
+                ]
+                for name, path in exports.items():
+                    size_rows.append((name, variables_bytes(path)))
+            elif task == "translator" and run is not None:  # and its greedy export
                 greedy = run_export(task, Path(run), root / "runs", beam_width=1)
                 variants = [
                     ("translator, beam 4", server),
                     ("translator, greedy", StandInServer(greedy)),
                 ]
+            if task == "sentiment" and run is not None:
+                model, _ = load_run(Path(run))
+                for size in (1, 16):  # the mean work of a batch timed
+                    pool = batches(texts[task], size, args.calls)
+                    every = [text for batch in pool for text in batch]
+                    work[size] = classifier_flops(model, every) / len(pool)
             # The variants (beam 4 and greedy) timed in turns, call by call.
             timings = {
                 size: sequential(dict(variants), task, texts[task], size, args.calls)
@@ -311,19 +417,30 @@ def main():
                 ]
                 for size in sizes
             }
-            for count in threads:
-                for size in sizes:
-                    rate, p50, p99, errors, mismatches = under_load(
-                        server, task, texts[task], count, size, args.seconds, expected
-                    )
-                    load_rows.append(
-                        (task, count, size, rate, p50, p99, errors, mismatches)
-                    )
-                    if errors or mismatches:
-                        failures.append(
-                            f"{task}, {count} threads, batch {size}: {errors} errors, "
-                            f"{mismatches} answers differing from the sequential ones"
+            for name, variant in variants if exports else [(task, server)]:
+                if variant is not server:  # its own answers, sent alone
+                    expected = {
+                        size: [
+                            (batch, ask(variant, task, batch))
+                            for batch in batches(texts[task], size, 8)
+                        ]
+                        for size in sizes
+                    }
+                for count in threads:
+                    for size in sizes:
+                        rate, p50, p99, errors, mismatches = under_load(
+                            variant, task, texts[task], count, size, args.seconds,
+                            expected,
+                        )  # fmt: skip
+                        load_rows.append(
+                            (name, count, size, rate, p50, p99, errors, mismatches)
                         )
+                        if errors or mismatches:
+                            failures.append(
+                                f"{name}, {count} threads, batch {size}: {errors} "
+                                f"errors, {mismatches} answers differing from the "
+                                "sequential ones"
+                            )
             before, after = memory_rounds(
                 server, task, texts[task], sizes, args.warmup_rounds, args.rounds
             )
@@ -334,11 +451,29 @@ def main():
                     f"{task}: resident memory grew {growth:.1%} "
                     f"over {args.rounds} rounds"
                 )
-            server.close()
+            for _, variant in variants:
+                variant.close()
+    peak_text = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items())
+    print(f"\n2048x2048 tf.matmul in this process: {peak_text}")
     print("\nSequential (one call at a time, serving_default):\n")
-    print("| export | batch | p50 ms | p99 ms | texts/s |\n|---|---:|---:|---:|---:|")
-    for task, size, p50, p99, rate in sequential_rows:
-        print(f"| {task} | {size} | {p50:.1f} | {p99:.1f} | {rate:.1f} |")
+    print(
+        "| export | batch | p50 ms | p99 ms | texts/s | useful GFLOP/s | "
+        "share of the matmul peak |\n|---|---:|---:|---:|---:|---:|---:|"
+    )
+    for name, size, p50, p99, rate in sequential_rows:
+        rate_text = share_text = "-"
+        if name.startswith("sentiment") and size in work:
+            gflops = work[size] / (size / rate) / 1e9
+            peak = peaks["bfloat16" if "bfloat16" in name else "float32"]
+            rate_text, share_text = f"{gflops:.1f}", f"{gflops / peak:.1%}"
+        print(
+            f"| {name} | {size} | {p50:.1f} | {p99:.1f} | {rate:.1f} | "
+            f"{rate_text} | {share_text} |"
+        )
+    if size_rows:
+        print("\n| export | variables MB |\n|---|---:|")
+        for name, size in size_rows:
+            print(f"| {name} | {size / 1e6:.1f} |")
     print(f"\nUnder load ({args.seconds:g} s per row, serving_default):\n")
     print(
         "| export | threads | batch | texts/s | p50 ms | p99 ms | errors | "

@@ -196,6 +196,16 @@ def add_run_arguments(
         "--no-export", action="store_true", help="skip the TF Serving export"
     )
     parser.add_argument(
+        "--export-precision",
+        nargs="+",
+        default=[],
+        choices=("bfloat16", "int8", "int4"),
+        help="also export the model in these cheaper precisions, each as a "
+        "model of its own beside the float one (MODEL_bfloat16, MODEL_int8, "
+        "MODEL_int4), with its test figures in metrics.json under "
+        "export_precisions (docs/SERVING.md says which to serve on which CPU)",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="a seconds-long configuration, for tests"
     )
 
@@ -555,6 +565,27 @@ def make_optimizer(args, clipnorm: float | None = None):
         ema_momentum=args.ema_momentum,
         clipnorm=clipnorm,
     )
+
+
+def export_precisions(args, model, model_name, test_figures, export) -> dict:
+    """For each `--export-precision`: the model's copy in that precision
+    (`keras_attn.models.precision.with_precision`), its figures on the test
+    split (`test_figures(copy)`, a dict) and its export (`export(copy,
+    name)` unless `--no-export`, named `model_name` with the precision
+    appended: `sentiment_int8`). Returns `{precision: {**figures, "export": path}}`,
+    for metrics.json."""
+    from keras_attn.models.precision import with_precision
+
+    found = {}
+    for precision in args.export_precision:
+        copy = with_precision(model, precision)
+        figures = dict(test_figures(copy))
+        path = None
+        if not args.no_export:
+            path = export(copy, f"{model_name}_{precision}")
+        found[precision] = {**figures, "export": None if path is None else str(path)}
+        print(f"{precision}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+    return found
 
 
 def export_base(args, out: Path) -> Path:

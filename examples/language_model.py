@@ -189,6 +189,30 @@ def main(argv=None) -> dict:
             max_new_tokens=min(64, args.sequence_length // 2),
             continuous_cache=cache,
         )
+
+    def test_figures(copy):  # a copy of the model in another precision
+        stride = None if strided is flat else args.eval_stride
+        scored = copy.stream_log_probs(dataset("test", stride=stride))
+        found = {f"test_{bpc}": figures({"test": scored}, "test")[bpc]}
+        if cache is not None:  # the cache chosen on validation, on the copy's states
+            scored = copy.stream_log_probs(dataset("test"), states=True)
+            found[f"test_{bpc}_with_cache"] = figures({"test": scored}, "test", cache)[
+                bpc
+            ]
+        return found
+
+    def export(copy, model_name):
+        return copy.export(
+            _cli.export_base(args, out),
+            model_name=model_name,
+            max_new_tokens=min(64, args.sequence_length // 2),
+            continuous_cache=cache,
+        )
+
+    if args.export_precision:
+        metrics["export_precisions"] = _cli.export_precisions(
+            args, model, "language_model", test_figures, export
+        )
     print("\n---\n".join(samples))
     label = f" (stride {args.eval_stride})" if strided is not flat else ""
     rows = [(f"test bits per character{label}", metrics[f"test_{bpc}"])]

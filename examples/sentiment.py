@@ -185,6 +185,21 @@ def main(argv=None) -> dict:
         export_dir = classifier.export(
             _cli.export_base(args, out), max_length=args.max_length
         )
+
+    def test_figures(copy):  # a copy of the classifier in another precision
+        copy.compile(loss="binary_crossentropy", metrics=["accuracy"])
+        with _cli.whole_batches():
+            scores = copy.evaluate(evaluation_data["test"], return_dict=True, verbose=0)
+        return {"test_accuracy": float(scores["accuracy"])}
+
+    def export(copy, model_name):
+        base = _cli.export_base(args, out)
+        return copy.export(base, model_name=model_name, max_length=args.max_length)
+
+    if args.export_precision:
+        metrics["export_precisions"] = _cli.export_precisions(
+            args, classifier, "sentiment", test_figures, export
+        )
     rows = [
         ("test accuracy", metrics["test_accuracy"]),
         ("validation accuracy", metrics["validation_accuracy"]),

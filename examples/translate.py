@@ -191,6 +191,32 @@ def main(argv=None) -> dict:
             length_penalty=penalty if args.export_knn else args.length_penalty,
             nearest_neighbors=knn if args.export_knn else None,
         )
+
+    def test_figures(copy):  # a copy of the translator in another precision
+        result = copy.evaluate_translations(
+            splits["test"][: args.test_sentences],
+            length_penalty=args.length_penalty,
+            title="Translating the test split (cheaper precision)",
+            **decoding,
+        )
+        return {
+            **scores(result, "test"),
+            "decode_ms_per_sentence": result["decode_ms_per_sentence"],
+        }
+
+    def export(copy, model_name):
+        return copy.export(
+            _cli.export_base(args, out),
+            model_name=model_name,
+            max_length=args.max_length,
+            beam_width=args.beam_width,
+            length_penalty=args.length_penalty,
+        )
+
+    if args.export_precision:
+        metrics["export_precisions"] = _cli.export_precisions(
+            args, translator, "translator", test_figures, export
+        )
     for row in list(zip(test["sources"], test["hypotheses"], strict=True))[:5]:
         print("  {}  ->  {}".format(*row))
     rows = [("validation BLEU", metrics["validation_bleu"])]

@@ -132,6 +132,7 @@ def export_language_model(
     max_new_tokens: int | None = None,
     max_chars: int = 100_000,
     continuous_cache: ContinuousCache | None = None,
+    precision: str | None = None,
 ) -> Path:
     """Export a `keras_attn.models.TransformerLanguageModel` with its
     `tokenizer` for TF Serving (what `model.export(base_dir)` does:
@@ -164,6 +165,9 @@ def export_language_model(
     the export answers what `model.score(texts)` gives.
 
     `context_length` defaults to the model's `sequence_length`.
+    `precision` (`"float32"`, `"bfloat16"`, `"int8"`, `"int4"`) exports a
+    copy of the model with its weights so (see `export_task`); None exports
+    it as it is.
     """
     return export_with_options(
         model,
@@ -175,6 +179,7 @@ def export_language_model(
             "max_new_tokens": max_new_tokens,
             "max_chars": max_chars,
             "continuous_cache": continuous_cache,
+            "precision": precision,
         },
         argument="model",
         expected_task="language_model",

@@ -70,6 +70,7 @@ def export_sentiment(
     version: int | None = None,
     max_length: int = 64,
     threshold: float = 0.5,
+    precision: str | None = None,
 ) -> Path:
     """Export a classifier with its tokenizer for TF Serving (what
     `classifier.export(base_dir)` does: `export_task(classifier, ...)` with
@@ -89,6 +90,9 @@ def export_sentiment(
     (`sentiment.model` or `vocab.txt`) for reference.
     `assets.extra/keras_attn.json` records the configuration and the outputs of
     sample requests computed here, which `check_servable` compares against.
+    `precision` (`"float32"`, `"bfloat16"`, `"int8"`, `"int4"`) exports a
+    copy of the classifier with its weights so (see `export_task`); None
+    exports it as it is.
 
     Returns:
         The version directory.
@@ -98,7 +102,7 @@ def export_sentiment(
         base_dir,
         model_name,
         version,
-        {"max_length": max_length, "threshold": threshold},
+        {"max_length": max_length, "threshold": threshold, "precision": precision},
         argument="classifier",
         expected_task="sentiment",
     )

@@ -23,12 +23,14 @@ import keras
 
 from keras_attn.export._common import next_version_dir, run_samples, write_export
 from keras_attn.export.batching import TASK_BATCHING
+from keras_attn.models.precision import check_precision, with_precision
 
 # Metadata entries the exporter writes itself (`write_export` adds `serving`).
 EXPORTER_METADATA = (
     "task",
     "model_name",
     "version",
+    "precision",
     "signatures",
     "samples",
     "sample_outputs",
@@ -158,7 +160,11 @@ def export_task(
         model_name: the model directory's name (default: the task's).
         version: the version to write (default: the next one).
         **options: the task's export options, those of its `export` method
-            (a translator's `max_length`, `beam_width`, ...).
+            (a translator's `max_length`, `beam_width`, ...), and
+            `precision`, every task's: None (default) exports the task as
+            it is; `"float32"`, `"bfloat16"`, `"int8"` or `"int4"` exports
+            `keras_attn.models.precision.with_precision(task, precision)`
+            (a copy: the task is unchanged). The metadata records it.
 
     Returns:
         The version directory.
@@ -178,6 +184,10 @@ def export_with_options(
     """`export_task` with the task's options as a dict; `export_translator`
     & co. name their argument and the task they export (`expected_task`),
     which a task of another kind is refused for."""
+    options = dict(options)
+    precision = check_precision(options.pop("precision", None))
+    if precision is not None:
+        task = with_precision(task, precision)
     spec = serving_spec(task, options, argument, expected_task)
     if expected_task is not None and spec.task != expected_task:
         raise ValueError(
@@ -202,6 +212,7 @@ def export_with_options(
         "task": spec.task,
         "model_name": model_name,
         "version": int(path.name),
+        "precision": precision or _precision_of(task),
         **spec.metadata,
         "signatures": spec.signatures_metadata(),
         "samples": samples,
@@ -251,3 +262,14 @@ def serving_spec(
             f"{type(spec).__name__} from {type(task).__name__}"
         )
     return spec
+
+
+def _precision_of(task) -> str:
+    """What the metadata records of a task exported as it is: `"int8"` or
+    `"int4"` once quantized, else its policy's name (`"float32"`,
+    `"mixed_bfloat16"`, ...)."""
+    modes = {layer.quantization_mode for layer in task._flatten_layers()} - {None}
+    if modes:
+        return "+".join(sorted(modes))
+    policy = task.dtype_policy
+    return getattr(policy, "default_policy", policy).name

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from keras_attn.export._common import TEXT_SPEC, clean_text
 from keras_attn.export.task import Endpoint, ServingSpec, export_with_options
+from keras_attn.models._task import without_padding_columns
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import PAD_ID, START_ID
 from keras_attn.text.wordpiece import WordPieceTokenizer
@@ -42,7 +43,12 @@ def translator_serving_fns(
         return translator.source_ids(text, max_length, tokenizer=source)
 
     def translate(text):
-        tokens, _ = decode(source_ids(text))  # (B, max_length), END then padding
+        # The sources padded to the longest of the batch, not to max_length:
+        # the encoder and every step's cross-attention cost what the
+        # sources hold (the padding is masked: the same translations up to
+        # float rounding). The alignment keeps its fixed source width.
+        ids = without_padding_columns(source_ids(text))  # (B, longest)
+        tokens, _ = decode(ids)  # (B, max_length), END then padding
         return {"translation": target.detokenize(tokens)}
 
     def translate_with_alignment(text):
@@ -146,6 +152,7 @@ def export_translator(
     beam_width: int = 4,
     length_penalty: float = 1.0,
     nearest_neighbors=None,
+    precision: str | None = None,
 ) -> Path:
     """Export a translator with its tokenizers and beam search for TF Serving
     (what `translator.export(base_dir)` does: `export_task(translator, ...)`
@@ -177,6 +184,9 @@ def export_translator(
     Transformer only) both signatures decode with kNN-MT: the datastore's
     keys and values are saved as variables of the export (about `4 * d`
     bytes per entry) and its settings are recorded in the metadata.
+    `precision` (`"float32"`, `"bfloat16"`, `"int8"`, `"int4"`) exports a
+    copy of the translator with its weights so (see `export_task`); None exports
+    it as it is.
     """
     return export_with_options(
         translator,
@@ -188,6 +198,7 @@ def export_translator(
             "beam_width": beam_width,
             "length_penalty": length_penalty,
             "nearest_neighbors": nearest_neighbors,
+            "precision": precision,
         },
         argument="translator",
         expected_task="translation",

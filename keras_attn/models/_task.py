@@ -162,6 +162,20 @@ def padded_ids(ids, cap: int | None = None, extra: int = 0):
     return np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
 
 
+def without_padding_columns(token_ids):
+    """Dense ids `(B, W)` (a TensorFlow tensor, padding 0 at the end of each
+    row) cut to the width of the longest row, at least 1 column: what a
+    served batch of short texts needs instead of a fixed width. TensorFlow
+    ops, eagerly or in a `tf.function`."""
+    import tensorflow as tf
+
+    token_ids = tf.convert_to_tensor(token_ids)
+    columns = tf.range(1, tf.shape(token_ids)[1] + 1)
+    used = tf.reduce_any(tf.not_equal(token_ids, PAD_ID), axis=0)  # (W,)
+    width = tf.maximum(tf.reduce_max(tf.where(used, columns, 0)), 1)
+    return token_ids[:, :width]
+
+
 def map_batches(fn, texts, batch_size, verbose="auto", title="Predicting"):
     """`fn(batch)` over `texts` in batches of `batch_size`, texts of similar
     length batched together (less padding), and the results back in the

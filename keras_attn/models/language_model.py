@@ -557,6 +557,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         max_new_tokens: int | None = None,
         max_chars: int = 100_000,
         continuous_cache=None,
+        precision: str | None = None,
     ):
         """Export for TF Serving (completions and scores of raw strings):
         `keras_attn.export.export_language_model(self, ...)` (see there),
@@ -573,6 +574,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             max_new_tokens=max_new_tokens,
             max_chars=max_chars,
             continuous_cache=continuous_cache,
+            precision=precision,
         )
 
     def get_config(self):

@@ -129,16 +129,20 @@ class _ClassifierTask:
         tokenizer=None,
     ) -> dict:
         """The probabilities and labels of strings (a `tf.string` tensor `[B]`
-        or a list) in one pass, padded to `max_length`, as tensors:
-        `positive_probability` float32 `[B]`, `label` string `[B]`.
-        TensorFlow, eagerly or in a `tf.function` (the export's
-        `serving_default` is this). `tokenizer`: one giving dense ids of
-        `max_length` tokens (default: the model's, so configured)."""
+        or a list) in one pass, as tensors: `positive_probability` float32
+        `[B]`, `label` string `[B]`. Texts are truncated to `max_length`
+        tokens and the batch is padded to its longest text, not to
+        `max_length` (the padding is masked, so the probabilities are those
+        of any padding up to float rounding; a short text costs what its
+        tokens cost). TensorFlow, eagerly or in a `tf.function` (the
+        export's `serving_default` is this). `tokenizer`: one giving dense
+        ids of `max_length` tokens (default: the model's, so configured)."""
         import tensorflow as tf
 
         if tokenizer is None:
             tokenizer = self.dense_tokenizer(max_length)
         token_ids = tokenizer.tokenize(texts)  # (B, max_length), truncated
+        token_ids = _task.without_padding_columns(token_ids)  # (B, longest)
         if tf.executing_eagerly():  # any backend's model reads NumPy
             token_ids = np.asarray(token_ids)
         probability = self(token_ids, training=False)
@@ -183,6 +187,7 @@ class _ClassifierTask:
         version: int | None = None,
         max_length: int = 64,
         threshold: float = 0.5,
+        precision: str | None = None,
     ):
         """Export for TF Serving, strings in and probability and label out:
         `keras_attn.export.export_sentiment(self, ...)` (see there), which is
@@ -197,6 +202,7 @@ class _ClassifierTask:
             version=version,
             max_length=max_length,
             threshold=threshold,
+            precision=precision,
         )
 
 

@@ -347,6 +347,7 @@ class Translator(GenerativeTask, keras.Model):
         beam_width: int = 4,
         length_penalty: float = 1.0,
         nearest_neighbors=None,
+        precision: str | None = None,
     ):
         """Export for TF Serving, strings in and translations out:
         `keras_attn.export.export_translator(self, ...)` (see there), which is
@@ -367,6 +368,7 @@ class Translator(GenerativeTask, keras.Model):
             beam_width=beam_width,
             length_penalty=length_penalty,
             nearest_neighbors=nearest_neighbors,
+            precision=precision,
         )
 
     # -- config ----------------------------------------------------------------

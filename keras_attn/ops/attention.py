@@ -398,7 +398,7 @@ def _explicit_attention(
     )
     # Batched matmuls over (B, N, T, H): the heads move next to the batch
     # once, and the backward pass transposes no (Tq, Tk) tensor.
-    query = ops.transpose(ops.cast(query, logits_dtype), (0, 2, 1, 3))  # (B, N, Tq, H)
+    query = _swap_axes_1_2(ops.cast(query, logits_dtype))  # (B, N, Tq, H)
     key = ops.transpose(ops.cast(key, logits_dtype), (0, 2, 3, 1))  # (B, K, H, Tk)
     if not (isinstance(scale, numbers.Number) and scale == 1.0):
         query = ops.multiply(query, ops.cast(scale, logits_dtype))
@@ -423,8 +423,18 @@ def _explicit_attention(
     value = ops.transpose(value, (0, 2, 1, 3))  # (B, K, Tk, Hv)
     outputs = ops.matmul(_group_heads(attended, groups), value)  # (B, K, G·Tq, Hv)
     outputs = _ungroup_heads(outputs, groups, ops.shape(query)[2])  # (B, N, Tq, Hv)
-    outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, Tq, N, Hv)
+    outputs = _swap_axes_1_2(outputs)  # (B, Tq, N, Hv)
     return outputs, weights
+
+
+def _swap_axes_1_2(x):
+    """`x` `(B, A, C, H)` as `(B, C, A, H)`: a reshape, not a copy, when `A`
+    or `C` is 1 (the query of one decoding step), which TensorFlow's
+    transpose kernel would copy call after call."""
+    a, c = x.shape[1], x.shape[2]
+    if (a == 1 or c == 1) and None not in (a, c, x.shape[3]):
+        return ops.reshape(x, (ops.shape(x)[0], c, a, x.shape[3]))
+    return ops.transpose(x, (0, 2, 1, 3))
 
 
 def _group_heads(x, groups: int):

@@ -111,9 +111,19 @@ def test_sentiment_smoke(sentiment_file, tmp_path):
         out,
         "--ensemble",
         2,
+        "--export-precision",
+        "int8",
     )
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0.0 <= metrics["metrics"]["test_accuracy"] <= 1.0
+    # The int8 copy: its own test figure and export, beside the float one.
+    int8 = metrics["metrics"]["export_precisions"]["int8"]
+    assert 0.0 <= int8["test_accuracy"] <= 1.0
+    assert int8["export"] == str(out / "export" / "sentiment_int8" / "1")
+    served = json.loads(
+        (Path(int8["export"]) / "assets.extra" / "keras_attn.json").read_text()
+    )
+    assert served["precision"] == "int8" and served["model_name"] == "sentiment_int8"
     assert metrics["config"]["ensemble"] == 2
     assert (out / "export" / "sentiment" / "1" / "saved_model.pb").is_file()
     assert sorted(p.name for p in (out / "plots").iterdir())[0] == "review_0.png"
@@ -161,11 +171,16 @@ def test_translate_smoke(tmp_path):
         "10",
         "--knn-lambda",
         "0.2,0.4",
+        "--export-precision",
+        "bfloat16",
         "--out",
         out,
     )
     run = json.loads((out / "metrics.json").read_text())
     metrics = run["metrics"]
+    cheaper = metrics["export_precisions"]["bfloat16"]
+    assert {"test_bleu", "test_chrf", "decode_ms_per_sentence"} <= set(cheaper)
+    assert (out / "export" / "translator_bfloat16" / "1" / "saved_model.pb").is_file()
     for split in ("validation", "test"):  # one line each when not on a terminal
         heading = f"Translating the {split} split:\n"
         assert re.search(heading + r"\d+/\d+ - \d+s - ", stdout), split

@@ -4,7 +4,8 @@ a TensorFlow installation each, from PyPI).
 
 This checks the exports themselves in the TensorFlow and TensorFlow Text of
 those releases (`keras_attn.export.releases`): their ops, both loaders, every
-signature against the in-process outputs, and the warmup requests.
+signature against the in-process outputs, and the warmup requests; each
+script's bfloat16, int8 and int4 exports (`--export-precision`) too.
 """
 
 import os
@@ -20,6 +21,7 @@ from keras_attn.export.releases import newest_releases
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 RELEASES = [release.version for release in newest_releases(2)]
+PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 
 pytestmark = [pytest.mark.large, pytest.mark.tf_only]
 
@@ -59,18 +61,23 @@ def smoke_exports(tmp_path_factory):
     exports = {}
     for task, (script, *args) in runs.items():
         out = root / task
-        run_script(script, "--smoke", *args, "--out", out)
-        exports[task] = out / "export" / task
+        cheaper = ("--export-precision", *PRECISIONS[1:])
+        run_script(script, "--smoke", *args, *cheaper, "--out", out)
+        exports[task, "float32"] = out / "export" / task
+        for precision in PRECISIONS[1:]:
+            exports[task, precision] = out / "export" / f"{task}_{precision}"
     return exports
 
 
 @pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("task", ["sentiment", "translator", "language_model"])
 def test_smoke_exports_are_servable_in_the_newest_releases(
-    smoke_exports, task, release
+    smoke_exports, task, precision, release
 ):
-    report = check_servable(smoke_exports[task], verbose=False, serving_release=release)
-    assert report.ok, str(report)
+    path = smoke_exports[task, precision]
+    report = check_servable(path, verbose=False, serving_release=release)
+    assert report.ok, str(report)  # an Xla* op would be a problem
     assert report.serving_release == release
     assert report.tensorflow == release  # the release's own TensorFlow
     assert report.warmup["records"] > 0 and not report.warmup["errors"]
