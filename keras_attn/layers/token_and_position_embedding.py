@@ -24,6 +24,32 @@ def _clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
+def _weight_only_int4_reverse(embedding):
+    """Make a `ReversibleEmbedding` built int4 from its dtype policy (a
+    saved quantized model loading) project `reverse=True` as the one
+    `quantize("int4")` made: weight-only, its inputs not quantized.
+
+    Keras 3.15's `quantize("int4")` resolves its config to
+    `Int4QuantizationConfig()`, whose activation quantizer is None, so the
+    reverse projection (the tied output logits) multiplies float inputs by
+    the dequantized table. Built from an int4 policy instead (no config: the
+    layer's `DTypePolicyMap` entry is all a saved model records),
+    `ReversibleEmbedding._int4_build` falls back to quantizing the inputs
+    with `AbsMaxQuantizer(axis=-1)` (Dense and EinsumDense fall back to
+    None, as the config does), so a saved and loaded int4 language model's
+    logits moved by up to 0.7% of the largest logit in a small model.
+    Setting `inputs_quantizer` as the default config sets it makes the two
+    the same (the loaded model answers exactly as the quantized one). A
+    layer given a `quantization_config` keeps what that config says. See
+    docs/KERAS_PRIVATE_API.md."""
+    if (
+        embedding.quantization_mode == "int4"
+        and embedding.quantization_config is None
+        and getattr(embedding, "inputs_quantizer", None) is not None
+    ):
+        embedding.inputs_quantizer = None
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding plus position embedding, the input of a Transformer.
@@ -193,6 +219,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         v.check_rank("inputs", inputs_shape, (2, 3))
         ids_shape = tuple(inputs_shape)[:2]  # a rank-3 first call is `reverse`
         self.token_embedding.build(ids_shape)
+        _weight_only_int4_reverse(self.token_embedding)
         if self.position_embedding is not None:
             self.position_embedding.build((*ids_shape, self.embedding_dim))
         self.built = True

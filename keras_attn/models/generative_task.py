@@ -13,6 +13,7 @@ gives the rest:
 - `generate_texts`: raw strings in batches of similar length (each batch
   padded to a length bucket, `_task.bucket_length`), the results back in
   the order of the texts;
+- `quantize` with the tasks' default set (`keras_attn.models.quantization`);
 - `predict`, which takes token ids and points raw strings at the task's
   text methods (`text_methods`).
 
@@ -25,9 +26,10 @@ import numpy as np
 
 from keras_attn.models import _task
 from keras_attn.models._setattr import SetattrBeforeInit
+from keras_attn.models.quantization import QuantizableTask
 
 
-class GenerativeTask(SetattrBeforeInit):
+class GenerativeTask(QuantizableTask, SetattrBeforeInit):
     """Mixin of `TransformerLanguageModel` and the translators (before
     `keras.Model` in the bases)."""
 

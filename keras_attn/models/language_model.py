@@ -11,6 +11,7 @@ from keras_attn import generation
 from keras_attn.models import _task
 from keras_attn.models.backbones import TransformerDecoderBackbone
 from keras_attn.models.generative_task import GenerativeTask
+from keras_attn.models.quantization import float32_head_policy
 from keras_attn.models.scoring import stream_log_probs, windowed_log_likelihood
 from keras_attn.models.task import BackboneTask
 
@@ -58,7 +59,9 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         dtype: keyword-only, the dtype policy of the backbone built here
             (the logits stay float32); with `backbone` given, the
             backbone's policy is the task's (`dtype` may repeat it).
-            Default the global policy.
+            Default the global policy. A quantized task's config gives a
+            `DTypePolicyMap` of its quantized `logits` layer (built
+            quantized from it).
         **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
@@ -141,7 +144,9 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             logits = self.logits_layer(backbone.embedding(states, reverse=True))
         else:
             self.logits_layer = keras.layers.Dense(
-                backbone.vocabulary_size, dtype="float32", name="logits"
+                backbone.vocabulary_size,
+                dtype=float32_head_policy(dtype),
+                name="logits",
             )
             logits = self.logits_layer(states)
         super().__init__(token_ids, logits, **kwargs)
@@ -584,4 +589,5 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             "backbone": keras.saving.serialize_keras_object(self.backbone),
             "tie_embeddings": self.tie_embeddings,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
+            **self.head_policy_config(),
         }

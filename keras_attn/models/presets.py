@@ -130,15 +130,17 @@ def load_task(cls, preset, load_weights: bool = True, **kwargs):
     if dtype is not None:
         # As keras-hub's `Task.from_preset`: the policy is the backbones'
         # (the task takes theirs); a config from before the backbones
-        # builds them from the task's own arguments.
+        # builds them from the task's own arguments. A quantized task's
+        # maps keep their quantized layers, under `dtype`.
         nested = [key for key in BACKBONE_KEYS if isinstance(inner.get(key), dict)]
         for key in nested:
+            found = inner[key]["config"].get("dtype")
             inner[key] = {
                 **inner[key],
-                "config": {**inner[key]["config"], "dtype": dtype},
+                "config": {**inner[key]["config"], "dtype": _under(found, dtype)},
             }
-        if not nested:
-            inner["dtype"] = dtype
+        if not nested or "dtype" in inner:
+            inner["dtype"] = _under(inner.get("dtype"), dtype)
     task = keras.saving.deserialize_keras_object({**config, "config": inner})
     if load_weights:
         task.backbone.load_weights(directory / MODEL_WEIGHTS_FILE)
@@ -151,12 +153,30 @@ def load_task(cls, preset, load_weights: bool = True, **kwargs):
     return task
 
 
+def _under(found, dtype):
+    """`dtype` for a config's `dtype` entry that was `found`: a quantized
+    model's `DTypePolicyMap` (serialized) keeps its quantized layers'
+    entries, under `dtype` as its default policy."""
+    if isinstance(found, dict):
+        policy = keras.dtype_policies.get(found)
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            entries = {path: policy[path] for path in policy}
+            return keras.dtype_policies.serialize(
+                keras.dtype_policies.DTypePolicyMap(
+                    default_policy=dtype, policy_map=entries
+                )
+            )
+    return dtype
+
+
 def load_backbone(cls, preset, load_weights: bool = True, **kwargs):
     """The backbone of a preset directory (a task's or a backbone's), of
     class `cls` or a subclass; `kwargs` override config entries."""
     directory = _preset_dir(preset)
     config = _read_json(directory, CONFIG_FILE)
     _check_class(config, cls, preset, "The preset's backbone is")
+    if kwargs.get("dtype") is not None:
+        kwargs["dtype"] = _under(config["config"].get("dtype"), kwargs["dtype"])
     config = {**config, "config": {**config["config"], **kwargs}}
     backbone = keras.saving.deserialize_keras_object(config)
     if load_weights:

@@ -10,6 +10,7 @@ from keras_attn import _validation as v
 from keras_attn.layers.bahdanau_attention import BahdanauAttention
 from keras_attn.layers.bahdanau_decoder import BahdanauDecoder
 from keras_attn.layers.luong_attention import LuongAttention
+from keras_attn.models.quantization import float32_head_policy
 from keras_attn.models.task import serialize_dtype_policy
 from keras_attn.models.translator import Translator
 
@@ -63,7 +64,9 @@ class RNNTranslator(Translator):
             `export` (optional).
         dtype: keyword-only, the dtype policy of every layer (the logits
             stay float32); default the global policy. Recorded in the
-            config.
+            config: after `quantize`, a `DTypePolicyMap` of the quantized
+            layers' policies by path (the `logits` layer's included), from
+            which they are built quantized.
         **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
@@ -194,8 +197,8 @@ class RNNTranslator(Translator):
             hidden
         )
         self.logits_layer = keras.layers.Dense(
-            target_vocabulary_size, dtype="float32", name="logits"
-        )
+            target_vocabulary_size, dtype=float32_head_policy(dtype), name="logits"
+        )  # float32 logits; quantized by its path when `dtype` is a map
         logits = self.logits_layer(hidden)
         super().__init__(
             {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs},

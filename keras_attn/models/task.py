@@ -24,6 +24,12 @@ from keras_attn._compat_0_2 import FilesBeforeBackbones, blocks_of_config
 from keras_attn.models import _task
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models.layouts import layout_map
+from keras_attn.models.quantization import (
+    deserialize_dtype,
+    head_policy_config,
+    plain_policy,
+    quantized_policy_map,
+)
 
 
 class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
@@ -74,7 +80,7 @@ class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
     def _adopt_dtype_policy(self, backbone):
         """Give the task its backbone's policy (the default policy of a
         quantized backbone's `DTypePolicyMap`)."""
-        self.dtype_policy = _plain_policy(backbone.dtype_policy)
+        self.dtype_policy = plain_policy(backbone.dtype_policy)
 
     @staticmethod
     def check_sizes_unset(init, given: dict, backbone_name: str = "backbone"):
@@ -95,11 +101,17 @@ class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
                 f"leave {', '.join(f'`{n}`' for n in changed)} out. Received: {shown}"
             )
 
+    def head_policy_config(self) -> dict:
+        """`{"dtype": map}` for `get_config` when layers outside the
+        backbones are quantized (a `DTypePolicyMap` of them, which the
+        constructor's `dtype` takes back), else `{}`."""
+        return head_policy_config(self)
+
     @classmethod
     def from_config(cls, config):
         """The task of a config with one `tokenizer` (the translator, with
         two and a second backbone, has its own)."""
-        config = dict(config)
+        config = deserialize_dtype(dict(config))  # a quantized head's map
         config["tokenizer"] = _task.deserialize_tokenizer(config.get("tokenizer"))
         if "backbone" in config:
             config["backbone"] = deserialize_backbone(config["backbone"])
@@ -128,30 +140,28 @@ class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
         return load_task(cls, preset, load_weights=load_weights, **kwargs)
 
 
-def _plain_policy(policy):
-    """`policy`, or the default policy of a `DTypePolicyMap` (a quantized
-    model's map of its quantized layers)."""
-    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-        return policy.default_policy
-    return policy
-
-
 def _policy_name(policy) -> str:
-    return _plain_policy(policy).name
+    return plain_policy(policy).name
 
 
 def serialize_dtype_policy(model) -> dict:
     """`model`'s dtype policy serialized as keras-hub's `Backbone.get_config`
     does: a `DTypePolicyMap` of the quantized layers' policies (under the
-    model's policy) once any is quantized, else the policy itself."""
+    model's policy) once any is quantized, else the policy itself. A model
+    built from such a map (a quantized model loaded) records its map, with
+    the layers quantized since then added."""
     policy = model.dtype_policy
-    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-        quantized = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
-        for layer in model._flatten_layers():
-            if layer.quantization_mode is not None:
-                quantized[layer.path] = layer.dtype_policy
-        if len(quantized) > 0:
-            policy = quantized
+    layers = list(model._flatten_layers())
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        missing = [
+            layer
+            for layer in layers
+            if layer.quantization_mode is not None and layer.path not in policy
+        ]
+        if missing:
+            policy = quantized_policy_map(policy.default_policy, missing, start=policy)
+    else:
+        policy = quantized_policy_map(policy, layers) or policy
     return keras.dtype_policies.serialize(policy)
 
 

@@ -12,6 +12,7 @@ from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.models import _task
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models.backbones import TransformerEncoderBackbone
+from keras_attn.models.quantization import QuantizableTask, float32_head_policy
 from keras_attn.models.task import BackboneTask
 
 POOLINGS = ("mean", "attention")
@@ -35,9 +36,10 @@ class MaskedAveragePooling1D(keras.layers.GlobalAveragePooling1D):
 LABELS = ("negative", "positive")
 
 
-class _ClassifierTask:
+class _ClassifierTask(QuantizableTask):
     """`classify` and `export` over a network `token_ids -> (B, 1)`
-    probabilities with a `tokenizer` and a `sequence_length`."""
+    probabilities with a `tokenizer` and a `sequence_length`; `quantize`
+    keeps the one-unit output layers in float32 by default."""
 
     labels = LABELS  # the label of a probability at most, and above, the threshold
 
@@ -244,7 +246,9 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
         dtype: keyword-only, the dtype policy of the backbone built here
             and of the head (the output stays float32); with `backbone`
             given, the backbone's policy is the task's (`dtype` may repeat
-            it). Default the global policy.
+            it). Default the global policy. A quantized task's config
+            gives a `DTypePolicyMap` of its quantized output layer (its
+            path's policy; the output layer is built quantized from it).
         **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
@@ -292,6 +296,7 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
         v.check_rate("dropout", dropout)
         tokenizer = v.check_tokenizer("tokenizer", tokenizer)
         dtype = self.check_dtype(dtype, [backbone])
+        head_dtype = float32_head_policy(dtype)  # a quantized head's map, if any
         if backbone is None:
             backbone = TransformerEncoderBackbone(**sizes, dropout=dropout, dtype=dtype)
         self.backbone = backbone
@@ -325,7 +330,7 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
             pooled
         )
         probability = keras.layers.Dense(
-            1, activation="sigmoid", dtype="float32", name="positive_probability"
+            1, activation="sigmoid", dtype=head_dtype, name="positive_probability"
         )(pooled)
         super().__init__(token_ids, probability, **kwargs)
         self._adopt_dtype_policy(backbone)
@@ -395,7 +400,14 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
             "dropout": self.dropout,
             "pooling": self.pooling_mode,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
+            **self.head_policy_config(),
         }
+
+    def float32_layers(self) -> list:
+        """`positive_probability`, the one-unit output layer: `quantize()`
+        keeps it float32 (in int8 it would save a few hundred bytes and in
+        int4 grow the model, and move every probability; docs/TASKS.md)."""
+        return [self.get_layer("positive_probability")]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -438,6 +450,15 @@ class TextClassifierEnsemble(SetattrBeforeInit, _ClassifierTask, keras.Model):
     @property
     def sequence_length(self) -> int:
         return min(member.sequence_length for member in self.members)
+
+    def float32_layers(self) -> list:
+        """The members' `float32_layers()` (their output layers): what
+        `quantize()` keeps in float32."""
+        return [
+            layer
+            for member in self.members
+            for layer in getattr(member, "float32_layers", list)()
+        ]
 
     def attention_maps(self, token_ids) -> dict:
         """The first member's `attention_maps`."""

@@ -12,6 +12,7 @@ from keras_attn.models.backbones import (
     TransformerDecoderBackbone,
     TransformerEncoderBackbone,
 )
+from keras_attn.models.quantization import deserialize_dtype, float32_head_policy
 from keras_attn.models.task import BackboneTask, deserialize_backbone
 from keras_attn.models.translator import Translator
 from keras_attn.models.translator_backbones import (
@@ -89,7 +90,9 @@ class TransformerTranslator(BackboneTask, Translator):
         dtype: keyword-only, the dtype policy of the backbones built here
             (the logits stay float32); with backbones given, their policy
             is the task's (`dtype` may repeat it; the two must agree).
-            Default the global policy.
+            Default the global policy. A quantized task's config gives a
+            `DTypePolicyMap` of its quantized `logits` layer (built
+            quantized from it).
         **kwargs: `keras.Model` arguments (`name`, `trainable`).
     """
 
@@ -180,7 +183,9 @@ class TransformerTranslator(BackboneTask, Translator):
             logits = self.logits_layer(decoder_backbone.embedding(states, reverse=True))
         else:
             self.logits_layer = keras.layers.Dense(
-                decoder_backbone.vocabulary_size, dtype="float32", name="logits"
+                decoder_backbone.vocabulary_size,
+                dtype=float32_head_policy(dtype),
+                name="logits",
             )
             logits = self.logits_layer(states)
         inputs = {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs}
@@ -431,11 +436,12 @@ class TransformerTranslator(BackboneTask, Translator):
             "tie_embeddings": self.tie_embeddings,
             "freeze_source_embedding": self.freeze_source_embedding,
             **self._tokenizer_config(),
+            **self.head_policy_config(),
         }
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        config = deserialize_dtype(dict(config))  # a quantized head's map
         for name in ("source_tokenizer", "target_tokenizer"):
             config[name] = _task.deserialize_tokenizer(config.get(name))
         if "backbone" in config:

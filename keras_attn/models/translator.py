@@ -22,6 +22,7 @@ from keras_attn import generation
 from keras_attn._extras import missing_extra_error
 from keras_attn.models import _task
 from keras_attn.models.generative_task import GenerativeTask
+from keras_attn.models.quantization import deserialize_dtype
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
@@ -384,9 +385,7 @@ class Translator(GenerativeTask, keras.Model):
         config = dict(config)
         for name in ("source_tokenizer", "target_tokenizer"):
             config[name] = _task.deserialize_tokenizer(config.get(name))
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.dtype_policies.get(config["dtype"])
-        return cls(**config)
+        return cls(**deserialize_dtype(config))
 
 
 class _CallWithNeighbors:
