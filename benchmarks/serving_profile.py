@@ -1,0 +1,169 @@
+"""Where a served request's time goes, and two exports of one task compared.
+
+    .venv/bin/python benchmarks/serving_profile.py profile EXPORT [--batch 1]
+    .venv/bin/python benchmarks/serving_profile.py compare BEFORE AFTER [--calls 80]
+
+`profile` loads a version directory as TF Serving loads it (the TF1 loader,
+`serve` tag, one session), calls `serving_default` with real sentences
+(the movie-review test split for a sentiment export, the translation
+fixture's English otherwise), then traces 10 calls
+(`RunOptions(trace_level=FULL_TRACE)`) and prints the p50 latency, the ops
+run per call and the 25 costliest op types with their time per call.
+
+`compare` loads two exports of one task in one process (`tf.saved_model.load`)
+and times them alternately, call by call, at batch 1 and 16: p50 and p99 of
+each and their ratio, with the same process's 2048² float32 matmul rate.
+For a sentiment export it then reports the largest probability difference
+and the share of equal labels on the whole test split; for a translator, how
+many translations are identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def task_of(export) -> str:
+    metadata = Path(export) / "assets.extra" / "keras_attn.json"
+    return json.loads(metadata.read_text())["task"]
+
+
+def texts_for(task: str) -> list:
+    if task == "sentiment":
+        from keras_attn.datasets import load_movie_reviews
+
+        return [text for text, _ in load_movie_reviews(verbose=False).test]
+    lines = (FIXTURES / "de_en_pairs.tsv").read_text().splitlines()
+    return [line.split("\t")[0] for line in lines if line.strip()]
+
+
+def profile(export, batch: int, calls: int = 30) -> None:
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  the tokenizers' kernels
+
+    tf.compat.v1.disable_eager_execution()
+    session = tf.compat.v1.Session()
+    graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(export))
+    signature = graph.signature_def["serving_default"]
+    name = next(iter(signature.inputs.values())).name
+    outputs = [value.name for value in signature.outputs.values()]
+    feed = {name: np.array(texts_for(task_of(export))[:batch], dtype=object)}
+    for _ in range(5):
+        session.run(outputs, feed)
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        session.run(outputs, feed)
+        seconds.append(time.perf_counter() - start)
+    print(f"{export}: batch {batch}, p50 {np.median(seconds) * 1e3:.1f} ms")
+    micros, counts, traced = collections.Counter(), collections.Counter(), 10
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    for _ in range(traced):
+        metadata = tf.compat.v1.RunMetadata()
+        session.run(outputs, feed, options=options, run_metadata=metadata)
+        for device in metadata.step_stats.dev_stats:
+            for node in device.node_stats:
+                label = node.timeline_label
+                op = (
+                    label.split("=")[-1].split("(")[0].strip()
+                    if "=" in label
+                    else node.node_name
+                )
+                micros[op] += node.op_end_rel_micros - node.op_start_rel_micros
+                counts[op] += 1
+    print(f"ops per call: {sum(counts.values()) / traced:.0f} (traced)")
+    print("| op | ms per call | runs per call |\n|---|---:|---:|")
+    for op, total in micros.most_common(25):
+        print(f"| {op} | {total / traced / 1e3:.2f} | {counts[op] / traced:.0f} |")
+
+
+def compare(before, after, calls: int) -> None:
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    task = task_of(before)
+    texts = texts_for(task)
+    serve = {
+        "before": tf.saved_model.load(str(before)).signatures["serving_default"],
+        "after": tf.saved_model.load(str(after)).signatures["serving_default"],
+    }
+    a = tf.random.normal([2048, 2048])
+    matmul = tf.function(lambda x: tf.matmul(x, x))
+    matmul(a).numpy()
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        matmul(a).numpy()
+        times.append(time.perf_counter() - start)
+    print(f"2048² float32 matmul: {2 * 2048**3 / np.median(times) / 1e9:.0f} GFLOP/s")
+    for batch in (1, 16):
+        pool = [texts[(i * batch) % len(texts) :][:batch] for i in range(calls)]
+        pool = [texts_ for texts_ in pool if len(texts_) == batch]
+        seconds = {"before": [], "after": []}
+        for index, texts_ in enumerate(pool):
+            x = tf.constant(texts_)
+            order = ("before", "after") if index % 2 else ("after", "before")
+            for name in order:
+                start = time.perf_counter()
+                serve[name](text=x)
+                if index >= 3:  # after 3 warm-up calls
+                    seconds[name].append(time.perf_counter() - start)
+        p50 = {name: np.median(found) * 1e3 for name, found in seconds.items()}
+        p99 = {name: np.percentile(found, 99) * 1e3 for name, found in seconds.items()}
+        print(
+            f"batch {batch}: before p50 {p50['before']:.1f} ms (p99 "
+            f"{p99['before']:.1f}), after p50 {p50['after']:.1f} ms (p99 "
+            f"{p99['after']:.1f}): {p50['before'] / p50['after']:.2f}x"
+        )
+    if task == "sentiment":
+        found = {name: [] for name in serve}
+        for start in range(0, len(texts), 16):
+            x = tf.constant(texts[start : start + 16])
+            for name, fn in serve.items():
+                found[name].append(fn(text=x)["positive_probability"].numpy())
+        p, q = (np.concatenate(found[name]) for name in ("before", "after"))
+        equal = np.mean((p > 0.5) == (q > 0.5))
+        print(
+            f"{len(texts)} test texts: largest probability difference "
+            f"{np.abs(p - q).max():.2e}, labels equal {equal:.2%}"
+        )
+    elif task == "translation":
+        same = 0
+        for start in range(0, len(texts), 8):
+            x = tf.constant(texts[start : start + 8])
+            got = [serve[name](text=x)["translation"].numpy() for name in serve]
+            same += int((got[0] == got[1]).sum())
+        print(f"identical translations: {same} of {len(texts)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("profile")
+    one.add_argument("export")
+    one.add_argument("--batch", type=int, default=1)
+    two = commands.add_parser("compare")
+    two.add_argument("before")
+    two.add_argument("after")
+    two.add_argument("--calls", type=int, default=80)
+    args = parser.parse_args()
+    if args.command == "profile":
+        profile(args.export, args.batch)
+    else:
+        compare(args.before, args.after, args.calls)
+
+
+if __name__ == "__main__":
+    main()
