@@ -155,15 +155,20 @@ def test_quantize_quantizes_the_default_set_and_the_task_round_trips(
         assert "dtype" not in model.get_config()
     got = outputs(model, name)
     _check_close(got, float_outputs, mode)
-    path = tmp_path / "quantized.keras"
-    model.save(path)
-    loaded = keras.saving.load_model(path)
-    assert quantized_paths(loaded) == expected
+    assert_round_trips(model, name, expected, got, tmp_path)
+
+
+def assert_round_trips(model, name, paths, got, tmp_path):
+    """Saved (`.keras`, and a preset where the task has them) and loaded,
+    `model` has the quantized layers `paths` and answers `got` exactly."""
+    model.save(tmp_path / "quantized.keras")
+    loaded = keras.saving.load_model(tmp_path / "quantized.keras")
+    assert quantized_paths(loaded) == paths
     np.testing.assert_array_equal(outputs(loaded, name), got)
     if hasattr(model, "save_to_preset"):
         model.save_to_preset(tmp_path / "preset")
         again = type(model).from_preset(tmp_path / "preset")
-        assert quantized_paths(again) == expected
+        assert quantized_paths(again) == paths
         np.testing.assert_array_equal(outputs(again, name), got)
 
 
@@ -197,16 +202,7 @@ def test_quantized_layers_outside_the_backbones_are_recorded_and_rebuilt(
         assert isinstance(policy, keras.dtype_policies.DTypePolicyMap)
         assert list(policy.keys()) == outside[:1]
         assert policy.default_policy.name == "float32"
-    got = outputs(model, name)
-    model.save(tmp_path / "quantized.keras")
-    loaded = keras.saving.load_model(tmp_path / "quantized.keras")
-    assert quantized_paths(loaded) == paths
-    np.testing.assert_array_equal(outputs(loaded, name), got)
-    if hasattr(model, "save_to_preset"):
-        model.save_to_preset(tmp_path / "preset")
-        again = type(model).from_preset(tmp_path / "preset")
-        assert quantized_paths(again) == paths
-        np.testing.assert_array_equal(outputs(again, name), got)
+    assert_round_trips(model, name, paths, outputs(model, name), tmp_path)
 
 
 def test_quantize_refuses_a_bad_mode_and_a_calibration_mode_without_structure():
