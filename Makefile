@@ -4,7 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Two pytest-xdist workers: much of a test's time is single-threaded tracing
-# and compiling. `make test` on an idle 2-core machine:
+# and compiling. `make test` on a 2-core machine:
+# - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-03, after the
+#   quantization and precision-export tests: the TensorFlow run 25:12 (1,815
+#   tests; another job shared the cores for its first 10 minutes), the JAX
+#   run 14:29 (1,068 tests, idle). Over the 20-minute budget here.
 # - AMD EPYC with AVX2 only (no AVX-512), 2026-11-29: 27:37 in all (the
 #   TensorFlow run 17:35, the JAX run 9:44). Before `worksteal`, the JAX
 #   compile level (tests/conftest.py) and the last `slow` marks, the same
