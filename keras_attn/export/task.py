@@ -24,6 +24,7 @@ import keras
 from keras_attn.export._common import next_version_dir, run_samples, write_export
 from keras_attn.export.batching import TASK_BATCHING
 from keras_attn.models.precision import check_precision, with_precision
+from keras_attn.models.quantization import plain_policy
 
 # Metadata entries the exporter writes itself (`write_export` adds `serving`).
 EXPORTER_METADATA = (
@@ -271,5 +272,4 @@ def _precision_of(task) -> str:
     modes = {layer.quantization_mode for layer in task._flatten_layers()} - {None}
     if modes:
         return "+".join(sorted(modes))
-    policy = task.dtype_policy
-    return getattr(policy, "default_policy", policy).name
+    return plain_policy(task.dtype_policy).name

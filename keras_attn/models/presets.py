@@ -39,6 +39,8 @@ from pathlib import Path
 
 import keras
 
+from keras_attn.models.quantization import rebased_policy_map
+
 CONFIG_FILE = "config.json"
 MODEL_WEIGHTS_FILE = "model.weights.h5"
 TASK_CONFIG_FILE = "task.json"
@@ -160,12 +162,7 @@ def _under(found, dtype):
     if isinstance(found, dict):
         policy = keras.dtype_policies.get(found)
         if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-            entries = {path: policy[path] for path in policy}
-            return keras.dtype_policies.serialize(
-                keras.dtype_policies.DTypePolicyMap(
-                    default_policy=dtype, policy_map=entries
-                )
-            )
+            return keras.dtype_policies.serialize(rebased_policy_map(policy, dtype))
     return dtype
 
 

@@ -126,14 +126,22 @@ def plain_policy(policy):
     return policy
 
 
+def rebased_policy_map(policy_map, default_policy):
+    """A new `DTypePolicyMap` with `policy_map`'s entries (None: none) under
+    `default_policy`."""
+    entries = (
+        {} if policy_map is None else {path: policy_map[path] for path in policy_map}
+    )
+    return keras.dtype_policies.DTypePolicyMap(
+        default_policy=default_policy, policy_map=entries
+    )
+
+
 def quantized_policy_map(default_policy, layers, start=None):
     """A `DTypePolicyMap` under `default_policy` of the quantized `layers`'
     policies by path (after `start`'s entries, a map to extend), or None
     when it would be empty."""
-    found = keras.dtype_policies.DTypePolicyMap(default_policy=default_policy)
-    if start is not None:
-        for path in start:
-            found[path] = start[path]
+    found = rebased_policy_map(start, default_policy)
     for layer in layers:
         if layer.quantization_mode is None or layer.path in found:
             continue
@@ -149,9 +157,7 @@ def float32_head_policy(dtype):
     path, as the backbones' layers are."""
     if not isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
         return "float32"
-    return keras.dtype_policies.DTypePolicyMap(
-        default_policy="float32", policy_map={path: dtype[path] for path in dtype}
-    )
+    return rebased_policy_map(dtype, "float32")
 
 
 def head_policy_config(task) -> dict:
