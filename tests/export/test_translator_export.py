@@ -9,6 +9,7 @@ from keras_attn.checkpoints import load_bert_checkpoint
 from keras_attn.export import check_servable, export_translator
 from keras_attn.memory import NearestNeighborDecoding, TranslationDatastore
 from keras_attn.models import RNNTranslator, TransformerTranslator
+from keras_attn.models.precision import with_precision
 from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
 from tests.test_case import write_bert_checkpoint
 
@@ -165,20 +166,25 @@ def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported, sign
 
 
 @pytest.mark.parametrize(
-    "key_dtype",
+    "key_dtype, precision",
     [
         # The search and the mixture are tested in process (tests/memory);
         # this serves them from an export.
-        pytest.param("float32", marks=pytest.mark.slow),
+        pytest.param("float32", None, marks=pytest.mark.slow),
         # bfloat16 keys are searched as float32 ones (tests/memory/test_knn_mt.py
         # tests them in process); 50 s more of the default run.
-        pytest.param("bfloat16", marks=pytest.mark.large),
+        pytest.param("bfloat16", None, marks=pytest.mark.large),
+        # An int8 export carries the datastore beside the quantized decoder
+        # and decodes as the int8 copy does in process.
+        pytest.param("float32", "int8", marks=pytest.mark.slow),
     ],
 )
-def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path, key_dtype):
+def test_an_export_with_knn_serves_the_mixture(
+    small_tokenizer, tmp_path, key_dtype, precision
+):
     """The datastore travels as variables (the keys in `key_dtype`), and the
-    served translations are those of the in-process kNN-MT beam search, not
-    the model's alone."""
+    served translations are those of the in-process kNN-MT beam search (of
+    the copy in `precision`, when one is given), not the model's alone."""
     vocabulary = small_tokenizer.vocabulary_size
     keras.utils.set_random_seed(0)
     model = small_transformer(small_tokenizer)
@@ -197,13 +203,17 @@ def test_an_export_with_knn_serves_the_mixture(small_tokenizer, tmp_path, key_dt
         beam_width=3,
         length_penalty=0.6,
         nearest_neighbors=knn,
+        precision=precision,
     )
+    if precision is not None:
+        model = with_precision(model, precision)
     report = check_servable(path, verbose=False)
     assert report.ok, str(report)
     metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
     assert metadata["nearest_neighbors"]["k"] == 8
     assert metadata["nearest_neighbors"]["datastore_entries"] == 50
     assert metadata["nearest_neighbors"]["key_dtype"] == key_dtype
+    assert metadata["precision"] == (precision or "float32")
     loaded = tf.saved_model.load(str(path))
     (keys,) = [var for var in loaded.variables if "datastore_keys" in var.name]
     assert keys.dtype == key_dtype and keys.shape == (50, 16)
