@@ -21,6 +21,13 @@ It prints the versions it runs with and writes every figure to `--out`:
     `keras_attn.ops.fused_kernel_runs` finds and the path `attention_path`
     takes, and the time and XLA temporary memory of causal self-attention's
     forward+backward on each path at long lengths.
+(l) long, run first: self-attention's forward+backward at 4k to 64k tokens,
+    with and without right padding, in bfloat16 and float32: the time and
+    XLA temporary memory of `keras_attn.ops.dot_product_attention`'s
+    automatic path (on a GPU in bfloat16, padding reaches cuDNN as sequence
+    lengths), its explicit path and `keras.ops.dot_product_attention`; a
+    `(T, T)`-sized temporary on the padded bfloat16 automatic path from 16k
+    tokens is a problem.
 (b) speed: one `TransformerEncoderBlock` forward+backward against
     `keras_hub.layers.TransformerEncoder` with the same weights, both jitted,
     timed alternately in this process, in bfloat16 and float16, as a ratio
@@ -530,6 +537,163 @@ def check_costs(sizes) -> list[dict]:
     return rows
 
 
+def long_paths(length):
+    """The attentions the `long` part compares, as functions of the heads
+    `(B, T, N, H)` and a right-padded `(B, T)` padding mask (or `None`):
+    keras-attn's automatic path, its explicit path, and
+    `keras.ops.dot_product_attention` with the padding as a `(B, 1, T, T)`
+    mask."""
+    from keras_attn.ops import dot_product_attention
+
+    def keras_attn(flash_attention):
+        def attend(heads, padding):
+            return dot_product_attention(
+                heads,
+                heads,
+                heads,
+                key_padding_mask=padding,
+                query_padding_mask=padding,
+                flash_attention=flash_attention,
+            )
+
+        return attend
+
+    def keras_op(heads, padding):
+        mask = None
+        if padding is not None:
+            mask = padding[:, None, None, :] & padding[:, None, :, None]
+        return keras.ops.dot_product_attention(heads, heads, heads, mask=mask)
+
+    return {
+        "keras_attn": keras_attn(None),
+        "explicit": keras_attn(False),
+        "keras_dot_product_attention": keras_op,
+    }
+
+
+def long_fits(path, shape, dtype, device_bytes) -> bool:
+    """Whether a path's forward+backward can fit: the explicit path and
+    Keras's op (XLA's, where no fused kernel runs it) keep about three
+    `(B, N, T, T)` float32 tensors, and Keras's op a `(B, 1, T, T)` mask."""
+    batch, length, heads, _ = shape
+    if path == "keras_attn" or device_bytes is None:
+        return True
+    return 3 * batch * heads * length * length * 4 < device_bytes
+
+
+def check_long(sizes) -> list[dict]:
+    """Self-attention `(B, T, 8, 64)` forward+backward under `jax.jit` at long
+    lengths, with and without right padding (two batch rows, the second
+    three quarters full; the mask an argument of the program, so that its
+    values are unknown when traced): median time and XLA temporary memory of
+    keras-attn's automatic path, its explicit path and Keras's op, per dtype.
+    The automatic path on padded bfloat16 at 16k tokens and more must hold no
+    `(T, T)`-sized temporary (`problem`) where it is cuDNN's lengths call or
+    the memory-efficient path. Paths that cannot fit are skipped;
+    rows that would start after `long_seconds` are skipped."""
+    import jax
+
+    from keras_attn.ops import switch_over_length
+    from keras_attn.ops.attention_paths import lengths_kernel_implementation
+
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    device_bytes = (stats or {}).get("bytes_limit")
+    started = time.perf_counter()
+    rows = []
+    for dtype in ("bfloat16", "float32"):
+        for length in sizes["long_lengths"]:
+            shape = (2, length, 8, sizes["long_head_dim"])
+            heads = keras.ops.cast(np.random.default_rng(0).normal(size=shape), dtype)
+            padding = (
+                np.arange(length)[None, :]
+                < np.array([length, 3 * length // 4])[:, None]
+            )
+            for padded in (False, True):
+                for name, attend in long_paths(length).items():
+                    row = {"dtype": dtype, "length": length, "padded": padded}
+                    row["path"] = name
+                    rows.append(row)
+                    if time.perf_counter() - started > sizes["long_seconds"]:
+                        row["skipped"] = "past the part's time"
+                        continue
+                    if not long_fits(name, shape, dtype, device_bytes):
+                        row["skipped"] = "does not fit"
+                        continue
+                    if name == "keras_attn":
+                        row["lengths_kernel"] = lengths_kernel_implementation(
+                            heads,
+                            heads,
+                            heads,
+                            lengths=padded,
+                            is_causal=False,
+                            window=None,
+                        )
+                    try:
+                        row.update(
+                            long_costs(attend, heads, padding if padded else None)
+                        )
+                    except Exception as error:
+                        row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+                        continue
+                    square = 2 * length * length  # one byte per (b, q, k)
+                    if (
+                        name == "keras_attn"
+                        and padded
+                        and dtype == "bfloat16"
+                        and length >= sizes["long_check_length"]
+                        # Where neither cuDNN's lengths call nor the
+                        # memory-efficient path runs, the explicit one does.
+                        and (
+                            row["lengths_kernel"] or length >= switch_over_length(dtype)
+                        )
+                        and row["temp_bytes"] is not None
+                        and row["temp_bytes"] >= square
+                    ):
+                        row["problem"] = (
+                            f"{row['temp_bytes'] / 2**20:.0f} MiB of XLA temporaries, "
+                            f"a (B, T, T) mask is {square / 2**20:.0f} MiB"
+                        )
+    for row in rows:
+        explicit = next(
+            (
+                other
+                for other in rows
+                if other["path"] == "explicit"
+                and all(other[k] == row[k] for k in ("dtype", "length", "padded"))
+            ),
+            None,
+        )
+        if "ms" in row and explicit is not None and "ms" in explicit:
+            row["time_over_explicit"] = row["ms"] / explicit["ms"]
+    return rows
+
+
+def long_costs(attend, heads, padding) -> dict:
+    """Median time of 5 jitted forward+backward steps, XLA's temporary bytes
+    and whether cuDNN's fused attention is in the program."""
+    import jax
+
+    def loss(heads, padding):
+        return keras.ops.sum(keras.ops.cast(attend(heads, padding), "float32"))
+
+    compiled = jax.jit(jax.grad(loss)).lower(heads, padding).compile()
+    memory = compiled.memory_analysis()
+    block(compiled(heads, padding))
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        block(compiled(heads, padding))
+        times.append(time.perf_counter() - start)
+    temp = None if memory is None else memory.temp_size_in_bytes
+    return {
+        "ms": 1e3 * statistics.median(times),
+        "temp_bytes": temp,
+        "temp_mib": None if temp is None else temp / 2**20,
+        "cudnn_fused": cudnn_attention(custom_calls(compiled.as_text())),
+    }
+
+
 # -- (b) speed ----------------------------------------------------------------------
 
 
@@ -954,6 +1118,10 @@ SIZES = {
         "head_dim": 64,
         "path_length": 1024,
         "cost_lengths": (1024, 4096, 16384),
+        "long_lengths": (4096, 16384, 32768, 65536),
+        "long_head_dim": 64,
+        "long_check_length": 16384,
+        "long_seconds": 240,
         "speed_batch": 32,
         "speed_length": 512,
         "speed_model_dim": 768,
@@ -976,6 +1144,10 @@ SIZES = {
         "head_dim": 16,
         "path_length": 64,
         "cost_lengths": (64,),
+        "long_lengths": (32, 64),
+        "long_head_dim": 16,
+        "long_check_length": 64,
+        "long_seconds": 120,
         "speed_batch": 2,
         "speed_length": 16,
         "speed_model_dim": 32,
@@ -992,7 +1164,7 @@ SIZES = {
         "torch_length": 40,
     },
 }
-PART_ORDER = ("numerics", "paths", "speed", "training", "costs", "torch")
+PART_ORDER = ("long", "numerics", "paths", "speed", "training", "costs", "torch")
 
 
 def problems(report) -> list[str]:
@@ -1024,6 +1196,14 @@ def problems(report) -> list[str]:
         )
         if difference is not None and not difference <= row["tolerance"]:
             found.append(f"difference {difference:.2e} > {row['tolerance']}: {label}")
+    for row in report.get("long", []):
+        label = (
+            f"long {row['path']} {row['dtype']} {row['length']} padded={row['padded']}"
+        )
+        if "error" in row and row["path"] == "keras_attn":  # the others may not fit
+            found.append(f"{label}: {row['error']}")
+        if "problem" in row:
+            found.append(f"{label}: {row['problem']}")
     training = report.get("training") or {}
     if training and not training.get("loss_finite", False):
         found.append("training loss not finite")
@@ -1101,6 +1281,7 @@ def main(argv=None) -> dict:
         return time.perf_counter() - started
 
     runners = {
+        "long": lambda: check_long(sizes),
         "numerics": lambda: check_numerics(sizes, cases),
         "paths": lambda: check_paths(sizes),
         "speed": lambda: check_speed(sizes, args.rounds),

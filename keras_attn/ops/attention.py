@@ -26,6 +26,7 @@ from keras_attn.ops.attention_paths import (
     MEMORY_EFFICIENT,
     choose_path,
     fused_kernel_runs,
+    lengths_kernel_implementation,
     switch_over_length,
 )
 from keras_attn.ops.masks import (
@@ -34,6 +35,13 @@ from keras_attn.ops.masks import (
     padding_mask,
 )
 from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
+from keras_attn.ops.sequence_lengths import (
+    attention_with_lengths,
+    concrete_right_padded,
+    lengths_form,
+    needs_lengths,
+    right_padded,
+)
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -93,6 +101,18 @@ def dot_product_attention(
     `keras_attn.ops.memory_efficient_attention` for long sequences (or when
     `flash_attention=True` and no fused kernel runs); otherwise the explicit
     path, which materialises the weights. The paths agree (tested).
+
+    On JAX, where cuDNN runs the call (float16 / bfloat16 on a GPU), masks
+    that are only padding, the causal mask and a causal sliding window (no
+    explicit `mask`, no causal offset) reach it without a `(Tq, Tk)` tensor:
+    `jax.nn.dot_product_attention` is called with right padding as sequence
+    lengths, `is_causal` and `local_window_size`
+    (`keras_attn.ops.sequence_lengths`). Whether the padding masks are
+    right-padded is decided when the call runs (or when it is traced, for
+    masks whose values are known); masks that are not take the
+    memory-efficient path from the switch-over length, which builds no
+    `(Tq, Tk)` tensor either, and the fused call with the masks combined
+    below it.
 
     The masks may be given as components, combined with a logical AND:
     `mask`, `key_padding_mask`, `query_padding_mask`, `is_causal` (with
@@ -186,8 +206,29 @@ def dot_product_attention(
         and sliding_window is None
     )
     query_length, key_length = _static_dim(query.shape[1]), _static_dim(key.shape[1])
+    # The masks as JAX's cuDNN attention takes them without a (Tq, Tk)
+    # tensor (`keras_attn.ops.sequence_lengths`), and the implementation
+    # that runs that call, once `fused_kernel` has found one.
+    form = (
+        lengths_form(*_whole_sequence_axes(mask, query, key, components), scale)
+        if keras.backend.backend() == "jax" and None not in (query_length, key_length)
+        else None
+    )
+    lengths_kernel = {}
 
     def fused_kernel():
+        if form is not None:
+            implementation = lengths_kernel_implementation(
+                query,
+                key,
+                value,
+                lengths=needs_lengths(form, query_length, key_length),
+                is_causal=form["causal"],
+                window=form["sliding_window"],
+            )
+            if implementation is not None:
+                lengths_kernel["implementation"] = implementation
+                return True
         masked = mask is not None or (
             any(
                 components[name] is not None
@@ -263,32 +304,7 @@ def dot_product_attention(
             alibi=(None if alibi_slopes is None else (alibi_slopes, causal_offset)),
         )
 
-    if path == MEMORY_EFFICIENT:
-        return memory_efficient()
-    if path == BY_LENGTH:
-        shape_q, shape_k = ops.shape(query), ops.shape(key)
-        long = ops.logical_and(
-            ops.greater_equal(shape_k[1], switch_over_length(query.dtype)),
-            ops.greater(shape_q[1], 1),
-        )
-        # Two one-sided conditionals, not one with a branch per path: the
-        # gradient of a TensorFlow conditional makes it output each branch's
-        # intermediates as optionals paired by position, whatever their
-        # dtypes, and TensorFlow's type inference then logs "Type inference
-        # failed. This indicates an invalid graph that escaped type checking"
-        # at the first training step (tensorflow/tensorflow#57052). Beside a
-        # branch of zeros, which keeps none, no such pair forms; the sum adds
-        # exact zeros to the outputs of the path taken.
-        output_shape = (*ops.shape(query)[:-1], ops.shape(value)[-1])
-
-        def zeros():
-            return ops.zeros(output_shape, value.dtype)  # (B, Tq, N, Hv)
-
-        return ops.add(
-            ops.cond(long, memory_efficient, zeros),
-            ops.cond(long, zeros, lambda: explicit()[0]),
-        )
-    if path == FUSED:
+    def fused():
         combined = None if causal_kernel else _combined(query, key, mask, components)
         if combined is not None:
             # cuDNN takes a mask (its bias) only with both sequence axes
@@ -314,10 +330,78 @@ def dot_product_attention(
             # (B|1, Tq|1, N|1, 1): zero the rows that had nothing to attend to.
             outputs = ops.where(has_keys, outputs, ops.zeros_like(outputs))
         return outputs
+
+    def with_lengths():
+        return attention_with_lengths(
+            query, key, value, form, scale, lengths_kernel["implementation"]
+        )
+
+    def without_lengths():
+        # Padding that is not right-padding: from the switch-over length the
+        # memory-efficient path, which builds no (Tq, Tk) tensor either; below
+        # it the fused call with the masks as one.
+        if key_length >= switch_over_length(query.dtype):
+            return memory_efficient()
+        return fused()
+
+    if path == MEMORY_EFFICIENT:
+        return memory_efficient()
+    if path == BY_LENGTH:
+        shape_q, shape_k = ops.shape(query), ops.shape(key)
+        long = ops.logical_and(
+            ops.greater_equal(shape_k[1], switch_over_length(query.dtype)),
+            ops.greater(shape_q[1], 1),
+        )
+        # Two one-sided conditionals, not one with a branch per path: the
+        # gradient of a TensorFlow conditional makes it output each branch's
+        # intermediates as optionals paired by position, whatever their
+        # dtypes, and TensorFlow's type inference then logs "Type inference
+        # failed. This indicates an invalid graph that escaped type checking"
+        # at the first training step (tensorflow/tensorflow#57052). Beside a
+        # branch of zeros, which keeps none, no such pair forms; the sum adds
+        # exact zeros to the outputs of the path taken.
+        output_shape = (*ops.shape(query)[:-1], ops.shape(value)[-1])
+
+        def zeros():
+            return ops.zeros(output_shape, value.dtype)  # (B, Tq, N, Hv)
+
+        return ops.add(
+            ops.cond(long, memory_efficient, zeros),
+            ops.cond(long, zeros, lambda: explicit()[0]),
+        )
+    if path == FUSED and lengths_kernel:
+        return _if_right_padded(form, with_lengths, without_lengths)
+    if path == FUSED:
+        return fused()
     outputs, weights = explicit()
     if return_weights:
         return outputs, weights
     return outputs
+
+
+def _if_right_padded(form, with_lengths, without_lengths):
+    """`with_lengths()` when the padding masks of `form` are right-padded,
+    else `without_lengths()`: decided now for masks whose values are known,
+    by a conditional when the program runs for traced ones."""
+    paddings = [
+        form[name]
+        for name in ("key_padding_mask", "query_padding_mask")
+        if form[name] is not None
+    ]
+    known = [concrete_right_padded(padding) for padding in paddings]
+    if False in known:
+        return without_lengths()
+    traced = [
+        padding
+        for padding, is_known in zip(paddings, known, strict=True)
+        if is_known is None
+    ]
+    if not traced:
+        return with_lengths()
+    condition = right_padded(traced[0])
+    for padding in traced[1:]:
+        condition = ops.logical_and(condition, right_padded(padding))
+    return ops.cond(condition, with_lengths, without_lengths)
 
 
 def _whole_sequence_axes(mask, query, key, components):

@@ -279,3 +279,60 @@ def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
         can_use_flash_attention(params, False)
         or can_use_efficient_attention(params, False)
     )
+
+
+def lengths_kernel_implementation(
+    query, key, value, *, lengths: bool, is_causal: bool, window: int | None
+) -> str | None:
+    """The `implementation` of `jax.nn.dot_product_attention` that runs a
+    fused kernel for a call with the masks as sequence lengths and a window
+    (`keras_attn.ops.sequence_lengths`): `"cudnn"`, or `None` where none does.
+
+    Read from the program that `jax.jit` compiles for these shapes and dtypes
+    with `implementation="cudnn"` (with int32 `(B,)` lengths when `lengths`,
+    `is_causal`, and `local_window_size=(window - 1, 0)` with a `window`):
+    it holds cuDNN's fused attention where cuDNN runs the call (float16 /
+    bfloat16 on a recent NVIDIA GPU); anywhere else the call does not
+    compile. JAX only (`None` on the other backends); cached per platform,
+    shapes, dtypes and masks.
+    """
+    if keras.backend.backend() != "jax":
+        return None
+    specs = tuple((tuple(x.shape), _dtype(x)) for x in (query, key, value))
+    if any(dim is None for shape, _ in specs for dim in shape):
+        return None
+    import jax
+
+    runs = _jax_lengths_program_has_fused_kernel(
+        jax.default_backend(), specs, bool(lengths), bool(is_causal), window
+    )
+    return "cudnn" if runs else None
+
+
+@functools.lru_cache(maxsize=256)
+def _jax_lengths_program_has_fused_kernel(
+    platform, specs, lengths, is_causal, window
+) -> bool:
+    import jax
+
+    def attend(query, key, value, query_lengths=None, key_lengths=None):
+        return jax.nn.dot_product_attention(
+            query,
+            key,
+            value,
+            is_causal=is_causal,
+            query_seq_lengths=query_lengths,
+            key_value_seq_lengths=key_lengths,
+            local_window_size=None if window is None else (window - 1, 0),
+            implementation="cudnn",
+        )
+
+    arguments = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs]
+    if lengths:
+        batch = specs[0][0][0]
+        arguments += [jax.ShapeDtypeStruct((batch,), "int32")] * 2
+    try:
+        program = jax.jit(attend).lower(*arguments).compile().as_text()
+    except Exception:  # any failure to compile here: no kernel runs it
+        return False
+    return "cudnn$fmha" in program

@@ -307,9 +307,9 @@ class BlockDropout:
     call, the row's index `(b, n, q)` among all the rows and the key `k`.
     """
 
-    def __init__(self, rate, seed_generator, plan):
+    def __init__(self, rate, seed, plan):
         self.rate, self.plan = rate, plan
-        self.seed = counter_random.dropout_seed(seed_generator)
+        self.seed = seed  # `counter_random.dropout_seed`'s
 
     def scale(self, i, j, batch, heads):
         """Dropout factors of block pair `(i, j)`: `(B, N, bq, bk)` float32 of

@@ -25,10 +25,12 @@ blocks `keras_attn.ops.blocked_passes`, the argument checks
 
 from __future__ import annotations
 
+import numbers
+
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.ops import _checks, blocked_passes
+from keras_attn.ops import _checks, blocked_passes, counter_random
 from keras_attn.ops.blocked_attention import (
     CAUSAL_KEY_BLOCK_SIZE,
     BlockDropout,
@@ -210,33 +212,55 @@ def memory_efficient_attention(
         batch_heads=batch * query.shape[2],
         groups=groups,
     )
-    masks = BlockMasks(
-        plan,
-        key_padding_mask=_checks.padding_flags(
+    # The tensors the passes read besides the heads enter `attend` as its
+    # arguments, not from its closure: on JAX a custom gradient that closes
+    # over tensors made outside it fails under `jax.lax.cond`, `jax.lax.scan`
+    # and `jax.checkpoint` ("No constant handler" / "unexpected tracer").
+    inputs = {
+        "key_padding_mask": _checks.padding_flags(
             "key_padding_mask", key_padding_mask, (key.shape[0], key.shape[1])
         ),
-        query_padding_mask=_checks.padding_flags(
+        "query_padding_mask": _checks.padding_flags(
             "query_padding_mask", query_padding_mask, (query.shape[0], query.shape[1])
         ),
-        attention_mask=_checks.explicit_mask(attention_mask, query, key),
-        causal=causal,
-        causal_offset=(
+        "attention_mask": _checks.explicit_mask(attention_mask, query, key),
+        "causal_offset": (
             ops.cast(causal_offset, "int32")
             if causal or sliding_window is not None or alibi_slopes is not None
             else None
         ),
-        sliding_window=sliding_window,
-        alibi_slopes=alibi_slopes,
-    )
-    dropout = None
-    if training and dropout_rate > 0.0:
-        dropout = BlockDropout(dropout_rate, seed_generator, plan)
+        "alibi_slopes": alibi_slopes,
+        "dropout_seed": (
+            counter_random.dropout_seed(seed_generator)
+            if training and dropout_rate > 0.0
+            else None
+        ),
+        "scale": None if isinstance(scale, numbers.Number) else scale,
+    }
+    names = tuple(name for name, tensor in inputs.items() if tensor is not None)
 
     @ops.custom_gradient
-    def attend(query, key, value):
+    def attend(query, key, value, *tensors):
+        given = {**dict.fromkeys(inputs), **dict(zip(names, tensors, strict=True))}
+        masks = BlockMasks(
+            plan,
+            key_padding_mask=given["key_padding_mask"],
+            query_padding_mask=given["query_padding_mask"],
+            attention_mask=given["attention_mask"],
+            causal=causal,
+            causal_offset=given["causal_offset"],
+            sliding_window=sliding_window,
+            alibi_slopes=given["alibi_slopes"],
+        )
+        dropout = (
+            None
+            if given["dropout_seed"] is None
+            else BlockDropout(dropout_rate, given["dropout_seed"], plan)
+        )
+        logits_scale = scale if given["scale"] is None else given["scale"]
         # float32 blocks, kept for the backward pass: O(T·H) each.
         query_blocks = to_blocks(
-            ops.multiply(ops.cast(query, "float32"), ops.cast(scale, "float32")),
+            ops.multiply(ops.cast(query, "float32"), ops.cast(logits_scale, "float32")),
             plan.query_length,
             plan.query_block,
             plan.num_query_blocks,
@@ -297,14 +321,16 @@ def memory_efficient_attention(
                     saved, key_blocks, value_blocks, plan, masks, dropout
                 )
             d_query = ops.multiply(
-                from_blocks(d_query, plan.query_length), ops.cast(scale, "float32")
+                from_blocks(d_query, plan.query_length),
+                ops.cast(logits_scale, "float32"),
             )  # (B, Tq, N, H)
             return (
                 ops.cast(d_query, query.dtype),
                 ops.cast(from_blocks(d_key, plan.key_length), key.dtype),
                 ops.cast(from_blocks(d_value, plan.key_length), value.dtype),
+                *([None] * len(tensors)),  # masks, offset, slopes, seed: fixed
             )
 
         return outputs, grad
 
-    return attend(query, key, value)
+    return attend(query, key, value, *(inputs[name] for name in names))

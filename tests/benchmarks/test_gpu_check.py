@@ -67,9 +67,27 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
     assert report["errors"] == {}
     assert report["versions"]["platform"] == "cpu"
     # Every JAX part ran; PyTorch is not installed here.
-    for part in ("numerics", "paths", "speed", "training", "costs"):
+    for part in ("long", "numerics", "paths", "speed", "training", "costs"):
         assert report[part], part
     assert report["skipped"] == ["torch: PyTorch is not installed"]
+
+    # The long part: every path, dtype, length and padding measured; no
+    # cuDNN lengths kernel on a CPU.
+    long_rows = report["long"]
+    assert {
+        (row["path"], row["dtype"], row["length"], row["padded"]) for row in long_rows
+    } == {
+        (path, dtype, length, padded)
+        for path in ("keras_attn", "explicit", "keras_dot_product_attention")
+        for dtype in ("bfloat16", "float32")
+        for length in (32, 64)
+        for padded in (False, True)
+    }
+    assert all(row["ms"] > 0 and row["temp_bytes"] > 0 for row in long_rows)
+    assert all(not row["cudnn_fused"] for row in long_rows)
+    assert {row["lengths_kernel"] for row in long_rows if "lengths_kernel" in row} == {
+        None
+    }
 
     numerics = [row for row in report["numerics"] if "asked" in row]
     assert {row["policy"] for row in numerics} == {
@@ -186,3 +204,36 @@ def test_a_path_may_be_as_far_from_the_same_inputs_reference_as_the_explicit_pat
         "difference 6.00e-01 > 0.5: large_logits mixed_bfloat16 "
         "fused_or_memory_efficient None"
     ]
+
+
+def test_a_square_temporary_on_the_long_padded_path_is_a_problem():
+    from benchmarks import gpu_check
+
+    def row(path, temp_bytes, **extra):
+        return {
+            "dtype": "bfloat16",
+            "length": 16384,
+            "padded": True,
+            "path": path,
+            "temp_bytes": temp_bytes,
+            **extra,
+        }
+
+    rows = [
+        row("keras_attn", 2**20),
+        row("keras_attn", None, error="XlaRuntimeError: RESOURCE_EXHAUSTED"),
+        row("explicit", None, error="XlaRuntimeError: RESOURCE_EXHAUSTED"),
+        row("keras_attn", 2**30, problem="1024 MiB of XLA temporaries"),
+    ]
+    found = gpu_check.problems({"errors": {}, "long": rows})
+    assert found == [
+        "long keras_attn bfloat16 16384 padded=True: XlaRuntimeError: "
+        "RESOURCE_EXHAUSTED",
+        "long keras_attn bfloat16 16384 padded=True: 1024 MiB of XLA temporaries",
+    ]
+    # The explicit path and Keras's op are skipped where their (B, N, T, T)
+    # float32 tensors cannot fit; keras-attn's path is always measured.
+    shape = (2, 65536, 8, 64)
+    assert not gpu_check.long_fits("explicit", shape, "bfloat16", 140 * 2**30)
+    assert gpu_check.long_fits("explicit", (2, 4096, 8, 64), "bfloat16", 140 * 2**30)
+    assert gpu_check.long_fits("keras_attn", shape, "bfloat16", 140 * 2**30)

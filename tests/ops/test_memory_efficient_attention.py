@@ -685,3 +685,51 @@ def test_graph_mode_memory_stays_below_one_quadratic_tensor():
     assert peaks["explicit"] > 2 * quadratic, peaks
     assert peaks["key_blocks"] < quadratic / 2, peaks
     assert peaks["all_keys"] < quadratic / 2, peaks
+
+
+@pytest.mark.jax_only
+@pytest.mark.parametrize("transform", ["cond", "scan", "checkpoint"])
+def test_gradients_under_jax_control_flow_and_remat(transform):
+    """The masks, the offset, the slopes and the dropout seed reach the custom
+    gradient as its arguments: inside `jax.lax.cond`, `jax.lax.scan` and
+    `jax.checkpoint`, where a custom gradient that closes over them does not
+    compile, the gradients are those of the plain call."""
+    import jax
+
+    def attend(q, k, v, key_padding, query_padding, explicit, offset):
+        return attention(
+            q,
+            k,
+            v,
+            key_padding_mask=key_padding,
+            query_padding_mask=query_padding,
+            attention_mask=explicit,
+            causal=True,
+            causal_offset=offset,
+            alibi_slopes=np.array([0.5, 0.25], "float32"),
+            dropout_rate=0.3,
+            training=True,
+            seed_generator=keras.random.SeedGenerator(3),
+            key_block_size=4,
+        )
+
+    transformed = {
+        "cond": lambda *args: jax.lax.cond(
+            True, attend, lambda q, k, v, *_: ops.zeros_like(q)[..., :HV], *args
+        ),
+        "scan": lambda *args: jax.lax.scan(
+            lambda carry, _: (carry, attend(*args)), 0, None, length=1
+        )[1][0],
+        "checkpoint": jax.checkpoint(attend),
+    }[transform]
+
+    def gradients(function):
+        def loss(q, k, v, *masks):
+            return ops.sum(function(q, k, v, *masks) * COTANGENT)
+
+        masks = (KEY_PADDING, QUERY_PADDING, EXPLICIT, np.int32(OFFSET))
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(Q, K, V, *masks)
+
+    for got, expected in zip(gradients(transformed), gradients(attend), strict=True):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=1e-5)
+        assert np.abs(to_numpy(expected)).max() > 0
