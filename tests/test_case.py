@@ -28,15 +28,13 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a Python like the GPU machines', with JAX and Keras but no TensorFlow.
 BLOCK_TENSORFLOW = textwrap.dedent(
     """
-    import importlib.abc, sys
+    import sys
 
-    class NoTensorFlow(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
-                raise ImportError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, NoTensorFlow())
+    # A None entry makes `import tensorflow` (and its submodules) raise
+    # ModuleNotFoundError and `importlib.util.find_spec` answer None, as for
+    # a package that is not installed (torch._dynamo probes it that way).
+    for name in ("tensorflow", "tensorflow_text", "tf_keras"):
+        sys.modules[name] = None
     """
 )
 

@@ -102,8 +102,10 @@ SCRIPT = BLOCK_TENSORFLOW + textwrap.dedent(
     scored = np.asarray(scores["log_likelihood"])
     report["language_model"]["scored"] = list(scored.shape)
     report["precision"] = training.resolve_mixed_precision("auto")
-    report["tensorflow_imported"] = sorted(
-        m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorflow_text")
+    report["tensorflow_imported"] = sorted(  # BLOCK_TENSORFLOW's entries are None
+        m
+        for m, module in sys.modules.items()
+        if m.split(".")[0] in ("tensorflow", "tensorflow_text") and module is not None
     )
     print(json.dumps(report))
     """
