@@ -128,6 +128,38 @@ def _map(f, xs, num_outputs: int = 1):
     return tf.map_fn(f, xs, fn_output_signature=signature, parallel_iterations=1)
 
 
+def _scan(f, init, xs):
+    """`ops.scan` that runs one element at a time on every backend:
+    `f(carry, x) -> (carry, y)` over the first axis of `xs` (a tuple of
+    tensors), returning the last carry and the `y`s stacked; each `y` has
+    the shape of an element of `xs[0]`.
+
+    On TensorFlow, `keras.ops.scan` stacks outputs only of the carry's shape
+    and runs `parallel_iterations` of them at once: a `tf.while_loop` with
+    one iteration in flight writes each `y` (a float32 tensor) to a
+    `TensorArray` instead, so no step copies what the others wrote.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.scan(f, init, xs)
+    import tensorflow as tf
+
+    length = tf.shape(xs[0])[0]
+
+    def body(i, carry, ys):
+        carry, y = f(carry, tuple(tf.gather(x, i) for x in xs))
+        return i + 1, carry, ys.write(i, y)
+
+    _, carry, ys = tf.while_loop(
+        lambda i, *_: i < length,
+        body,
+        (0, init, tf.TensorArray("float32", size=length, infer_shape=False)),
+        parallel_iterations=1,
+    )
+    ys = ys.stack()
+    ys.set_shape(xs[0].shape)
+    return carry, ys
+
+
 def _take(blocks, index):
     return None if blocks is None else ops.take(blocks, index, axis=0)
 
@@ -139,13 +171,6 @@ def _flags_or_dummy(flags, num_blocks):
 
 def _real_flags(flags, masks_flags):
     return None if masks_flags is None else flags
-
-
-def _block_index_mask(num_blocks, i):
-    """`(n, 1, 1, 1, 1)` bool, True at block `i`."""
-    return ops.reshape(
-        ops.equal(ops.arange(num_blocks, dtype="int32"), i), (-1, 1, 1, 1, 1)
-    )
 
 
 # One block of all the keys: each query block is an ordinary masked softmax.
@@ -184,17 +209,24 @@ def forward_single(query_blocks, key, value, plan, masks, dropout):
 
 def backward_single(saved, key, value, plan, masks, dropout):
     """Gradients of the scaled query blocks, of the keys and of the values in
-    one sweep over the query blocks."""
+    one sweep over the query blocks: each block's query gradient is an output
+    of its step (`_scan`), the key and value gradients are summed in the
+    carry."""
     query_blocks, upstream_blocks, delta = saved
     batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
     key_flags = _take(masks.key_blocks, 0)
 
-    def query_step(i, carry):
-        d_query, d_key, d_value = carry
-        query = ops.take(query_blocks, i, axis=0)  # (B, N, bq, H)
-        upstream = ops.take(upstream_blocks, i, axis=0)  # (B, N, bq, Hv)
+    def query_step(carry, elements):
+        d_key, d_value = carry
+        query, upstream, row_delta, query_flags, i = elements
+        # (B, N, bq, H), (B, N, bq, Hv), (B, N, bq, 1), (B, bq), ()
         weights = _single_block_weights(
-            query, key, i, masks, _take(masks.query_blocks, i), key_flags
+            query,
+            key,
+            i,
+            masks,
+            _real_flags(query_flags, masks.query_blocks),
+            key_flags,
         )  # (B, N, bq, Tk)
         d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, Tk)
         dropped = weights
@@ -202,20 +234,22 @@ def backward_single(saved, key, value, plan, masks, dropout):
             factors = dropout.scale(i, 0, batch, heads)
             dropped, d_weights = weights * factors, d_weights * factors
         d_value = d_value + _key_side(dropped, upstream, plan.groups)  # (B, K, Tk, Hv)
-        d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
+        d_logits = weights * (d_weights - row_delta)
         d_key = d_key + _key_side(d_logits, query, plan.groups)  # (B, K, Tk, H)
-        block_d_query = _weighted(d_logits, key, plan.groups)  # (B, N, bq, H)
-        d_query = ops.where(
-            _block_index_mask(plan.num_query_blocks, i), block_d_query[None], d_query
-        )  # (nq, B, N, bq, H)
-        return d_query, d_key, d_value
+        return (d_key, d_value), _weighted(d_logits, key, plan.groups)  # (B, N, bq, H)
 
-    return _fori_loop(
-        0,
-        plan.num_query_blocks,
+    (d_key, d_value), d_query = _scan(
         query_step,
-        (ops.zeros_like(query_blocks), ops.zeros_like(key), ops.zeros_like(value)),
+        (ops.zeros_like(key), ops.zeros_like(value)),
+        (
+            query_blocks,
+            upstream_blocks,
+            delta,
+            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
+            ops.arange(plan.num_query_blocks, dtype="int32"),
+        ),
     )
+    return d_query, d_key, d_value  # (nq, B, N, bq, H), (B, K, Tk, H), (B, K, Tk, Hv)
 
 
 # Key blocks: an online softmax over them, and two backward sweeps.
