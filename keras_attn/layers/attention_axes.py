@@ -16,7 +16,12 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.ops.masks import band_mask, combine_masks, padding_mask
+from keras_attn.ops.masks import (
+    band_mask,
+    combine_masks,
+    padding_mask,
+    with_whole_sequence_axes,
+)
 
 
 def _product(dims):
@@ -112,15 +117,8 @@ def block_mask(attention_mask, query_heads, key_heads, layout, num_heads: int):
     permutation, other, axes = layout
     mask = scores_mask(attention_mask, layout)
     if permutation is None:  # (B|1, N|1, Tq|1, Tk|1)
-        shape = ops.shape(mask)
-        return ops.broadcast_to(
-            mask,
-            (
-                shape[0],
-                shape[1],
-                ops.shape(query_heads)[1],
-                ops.shape(key_heads)[1],
-            ),
+        return with_whole_sequence_axes(
+            mask, ops.shape(query_heads)[1], ops.shape(key_heads)[1]
         )  # (B|1, N|1, Tq, Tk)
     query_shape = ops.shape(ops.transpose(query_heads, permutation))
     key_shape = ops.shape(ops.transpose(key_heads, permutation))

@@ -33,6 +33,7 @@ from keras_attn.ops.masks import (
     band_mask,
     combine_masks,
     padding_mask,
+    with_whole_sequence_axes,
 )
 from keras_attn.ops.memory_efficient_attention import memory_efficient_attention
 from keras_attn.ops.sequence_lengths import (
@@ -312,15 +313,8 @@ def dot_product_attention(
             # have same seq length as QKV"), and Keras then falls back to
             # XLA's attention with a logged traceback. The batch and heads
             # axes stay as they are.
-            combined_shape = ops.shape(combined)
-            combined = ops.broadcast_to(
-                combined,
-                (
-                    combined_shape[0],
-                    combined_shape[1],
-                    ops.shape(query)[1],
-                    ops.shape(key)[1],
-                ),
+            combined = with_whole_sequence_axes(
+                combined, ops.shape(query)[1], ops.shape(key)[1]
             )  # (B|1, N|1, Tq, Tk)
         outputs = ops.dot_product_attention(
             query, key, value, mask=combined, scale=scale, is_causal=causal_kernel

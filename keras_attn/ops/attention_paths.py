@@ -243,6 +243,15 @@ def _jax_program_has_fused_kernel(platform, specs, is_causal) -> bool:
         )
 
     arguments = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs]
+    return _compiled_program_has_fused_kernel(attend, arguments)
+
+
+def _compiled_program_has_fused_kernel(attend, arguments) -> bool:
+    """Whether the program `jax.jit(attend)` compiles for `arguments` (shape
+    and dtype structs) holds a fused attention kernel (`_FUSED_KERNEL_TARGETS`);
+    `False` when it does not compile here."""
+    import jax
+
     try:
         program = jax.jit(attend).lower(*arguments).compile().as_text()
     except Exception:  # any failure to compile here: no kernel runs it
@@ -331,8 +340,4 @@ def _jax_lengths_program_has_fused_kernel(
     if lengths:
         batch = specs[0][0][0]
         arguments += [jax.ShapeDtypeStruct((batch,), "int32")] * 2
-    try:
-        program = jax.jit(attend).lower(*arguments).compile().as_text()
-    except Exception:  # any failure to compile here: no kernel runs it
-        return False
-    return "cudnn$fmha" in program
+    return _compiled_program_has_fused_kernel(attend, arguments)

@@ -145,6 +145,13 @@ def band_from_positions(query_positions, key_positions, causal=False, window=Non
     return visible
 
 
+def with_whole_sequence_axes(mask, query_length, key_length):
+    """`(B|1, N|1, Tq|1, Tk|1)` -> `(B|1, N|1, Tq, Tk)`: the mask broadcast
+    along its two sequence axes, its batch and heads axes left as they are."""
+    shape = ops.shape(mask)
+    return ops.broadcast_to(mask, (shape[0], shape[1], query_length, key_length))
+
+
 def combine_masks(*masks):
     """Logical AND of boolean masks that broadcast together; `None`s are skipped.
 
