@@ -63,7 +63,8 @@ def build(quick: bool):
     # A prompt of about half the context.
     words = text.split()
     prompt = " ".join(words[:10])
-    while len(tokenizer.tokenize([prompt]).to_list()[0]) < sizes["sequence_length"] // 2:
+    half = sizes["sequence_length"] // 2
+    while len(tokenizer.tokenize([prompt]).to_list()[0]) < half:
         prompt = " ".join(words[: len(prompt.split()) + 5])
     return model, tokenizer, prompt
 

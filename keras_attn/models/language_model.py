@@ -487,11 +487,15 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         import tensorflow as tf
 
         context = context_length or self.sequence_length
-        prompt, lengths, total = self._prompt_ids(
-            ids, max_new_tokens, context, prompt_width
-        )
+        keep = self.prompt_room(max_new_tokens, context)
+        ids = ids[:, -keep:] if keep > 0 else ids[:, :0]  # keep the end
+        ids = tf.concat([tf.fill([ids.nrows(), 1], START_ID), ids], axis=1)
+        lengths = tf.cast(ids.row_lengths(), tf.int32)  # (B,), START included
+        width = prompt_width or keep + 1
+        prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, width])
+        total = context if max_new_tokens is None else width + max_new_tokens
         if tf.executing_eagerly() and keras.backend.backend() in ("tensorflow", "jax"):
-            generate = self._compiled_generation(prompt.shape[1], total, sampler, seed)
+            generate = self._compiled_generation(width, total, sampler, seed)
             tokens = tf.convert_to_tensor(
                 self.run_generate_function(generate, prompt.numpy(), lengths.numpy())
             )
@@ -505,23 +509,6 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         if max_new_tokens is not None:
             new &= positions < first_new + max_new_tokens
         return tf.ragged.boolean_mask(tokens, new)
-
-    def _prompt_ids(self, ids, max_new_tokens, context, prompt_width=None):
-        """`(prompt (B, width), lengths (B,), total)` of ragged prompt ids
-        (without the start token), as `continue_ids` decodes them: each
-        prompt's end kept, the start token put first, padded to
-        `prompt_width` (default the most a prompt keeps, plus one), and the
-        tokens decoded in all (`total`, the prompt included)."""
-        import tensorflow as tf
-
-        keep = self.prompt_room(max_new_tokens, context)
-        ids = ids[:, -keep:] if keep > 0 else ids[:, :0]  # keep the end
-        ids = tf.concat([tf.fill([ids.nrows(), 1], START_ID), ids], axis=1)
-        lengths = tf.cast(ids.row_lengths(), tf.int32)  # (B,), START included
-        width = prompt_width or keep + 1
-        prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, width])
-        total = context if max_new_tokens is None else width + max_new_tokens
-        return prompt, lengths, total
 
     def stream(
         self,
@@ -567,33 +554,28 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         ```
         """
         from keras_attn.models import streaming
-        from keras_attn.text.preprocessors import detokenized_texts
 
         prompt = streaming.check_one_text("prompt", prompt)
         chunk_size = streaming.check_chunk_size(chunk_size)
         sampler = self._stream_sampler(sampler)
         seed = _stream_seed(sampler, seed)
         preprocessor = self._text_preprocessor(None, "stream")
-        keep = self.prompt_room(max_new_tokens, self.sequence_length)
-        # The prompt as `generate` decodes a batch of this one prompt.
-        ids = preprocessor.generate_preprocess([prompt])  # ragged (1, None)
-        longest = int(np.max(np.asarray(ids.row_lengths()), initial=0))
-        width = _task.bucket_length(min(longest, keep) + 1, cap=keep + 1)
-        prompt_ids, lengths, total = self._prompt_ids(
-            ids, max_new_tokens, self.sequence_length, width
-        )
-        prompt_ids = np.asarray(prompt_ids.numpy(), "int32")
-        lengths = np.asarray(lengths.numpy(), "int32")
-        first = int(lengths[0])  # the first new token's position
-        last = total - 1
-        if max_new_tokens is not None:
-            last = min(last, first + max_new_tokens - 1)
+        context = self.sequence_length
+        keep = self.prompt_room(max_new_tokens, context)
+        # The prompt as `generate` decodes a batch of this one prompt
+        # (`continue_ids`): its end kept, the start token first, padded to
+        # the bucket of its length.
+        ids = preprocessor.generate_preprocess([prompt]).to_list()[0]
+        width = _task.bucket_length(min(len(ids), keep) + 1, cap=keep + 1)
+        row = [START_ID, *(ids[-keep:] if keep > 0 else [])]
+        prompt_ids = np.full((1, width), PAD_ID, "int32")
+        prompt_ids[0, : len(row)] = row
+        lengths = np.asarray([len(row)], "int32")
+        total = context if max_new_tokens is None else width + max_new_tokens
+        first = len(row)  # the first new token's position
+        last = total - 1 if max_new_tokens is None else first + max_new_tokens - 1
         start, advance = self._compiled_stream(width, total, sampler)
-        tokenizer = self.tokenizer
-
-        def detokenize(new_ids):
-            return detokenized_texts(tokenizer, np.asarray([new_ids], "int32"))[0]
-
+        detokenize, byte_pieces = streaming.text_of(self, self.tokenizer)
         return streaming.stream_pieces(
             lambda until: start(prompt_ids, lengths, seed, until),
             advance,
@@ -601,12 +583,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             last,
             chunk_size,
             detokenize,
-            _task.cached(
-                self,
-                "byte_pieces",
-                [tokenizer],
-                lambda: streaming.byte_pieces(tokenizer),
-            ),
+            byte_pieces,
         )
 
     def _stream_sampler(self, sampler):

@@ -32,17 +32,19 @@ REPLACEMENT = "\ufffd"
 class TextPieces:
     """The new text of a growing token sequence, piece by piece.
 
-    `add(token_id)` appends a token and returns the text it completes (maybe
-    empty); `close()` the rest. The pieces join to `detokenize(all ids)`.
-    Text is final once detokenizing more tokens cannot change it: the bytes
-    of a character split over byte pieces (SentencePiece's byte fallback:
-    `<0xC3>` then `<0xA9>` for `é`) come out of the detokenizer as U+FFFD,
-    one per byte, until the character's last byte has come; those are held
-    back, and given once a later token completes the character or shows
-    the sequence invalid (U+FFFD for good, as in the whole text).
+    `extend(token_ids)` appends tokens and returns the text each completes
+    (a list, one `str` per token, maybe empty); `close()` the rest. The
+    pieces join to the text of all the ids. Text is final once
+    detokenizing more tokens cannot change it: the bytes of a character
+    split over byte pieces (SentencePiece's byte fallback: `<0xC3>` then
+    `<0xA9>` for `é`) come out of the detokenizer as U+FFFD, one per byte,
+    until the character's last byte has come; those are held back, and
+    given once a later token completes the character or shows the sequence
+    invalid (U+FFFD for good, as in the whole text).
 
     Args:
-        detokenize: a list of token ids -> its text (a `str`).
+        detokenize: a list of token id lists -> their texts (a list of
+            `str`): one call for the prefixes of a chunk.
         byte_pieces: `{token id: byte}` of the vocabulary's byte pieces
             (`byte_pieces(tokenizer)`). Without it, every trailing U+FFFD is
             held back until a later character follows it.
@@ -50,7 +52,7 @@ class TextPieces:
 
     def __init__(
         self,
-        detokenize: Callable[[list[int]], str],
+        detokenize: Callable[[list[list[int]]], list[str]],
         byte_pieces: dict[int, int] | None = None,
     ):
         self.detokenize = detokenize
@@ -58,13 +60,13 @@ class TextPieces:
         self.ids: list[int] = []
         self.sent = ""
 
-    def _incomplete(self) -> int | None:
-        """How many bytes at the end are the beginning of a character still
-        to come (None: not known)."""
+    def _incomplete(self, ids) -> int | None:
+        """How many bytes at the end of `ids` begin a character still to
+        come (None: not known)."""
         if self.byte_pieces is None:
             return None
         tail = []
-        for token_id in reversed(self.ids[-3:]):
+        for token_id in reversed(ids[-3:]):
             if token_id not in self.byte_pieces:
                 break
             tail.append(self.byte_pieces[token_id])
@@ -72,10 +74,23 @@ class TextPieces:
         decoder.decode(bytes(reversed(tail)), final=False)
         return len(decoder.getstate()[0])
 
+    def extend(self, token_ids) -> list[str]:
+        token_ids = [int(token_id) for token_id in token_ids]
+        if not token_ids:
+            return []
+        start = len(self.ids)
+        self.ids.extend(token_ids)
+        prefixes = [self.ids[: start + n] for n in range(1, len(token_ids) + 1)]
+        return [
+            self._piece(ids, text)
+            for ids, text in zip(prefixes, self.detokenize(prefixes), strict=True)
+        ]
+
     def add(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        text = self.detokenize(self.ids)
-        incomplete = self._incomplete()
+        return self.extend([token_id])[0]
+
+    def _piece(self, ids, text) -> str:
+        incomplete = self._incomplete(ids)
         held = len(text) - incomplete if incomplete is not None else len(text)
         if incomplete is not None and text[held:] == REPLACEMENT * incomplete:
             stable = text[:held]
@@ -87,7 +102,7 @@ class TextPieces:
         return piece
 
     def close(self) -> str:
-        text = self.detokenize(self.ids) if self.ids else ""
+        text = self.detokenize([self.ids])[0] if self.ids else ""
         if not text.startswith(self.sent):  # pragma: no cover - a tokenizer bug
             raise RuntimeError(
                 "The tokenizer's text of a token sequence does not begin with the "
@@ -95,6 +110,28 @@ class TextPieces:
             )
         rest, self.sent = text[len(self.sent) :], text
         return rest
+
+
+def compiled_detokenizer(tokenizer):
+    """`fn(rows)`: lists of token ids -> their texts, a list of `str`, as
+    `keras_attn.text.preprocessors.detokenized_texts` gives them: the
+    tokenizer's `detokenize` traced once in a `tf.function` (an eager call
+    dispatches a dozen ragged ops: 10 ms where this takes 1)."""
+    import tensorflow as tf
+
+    from keras_attn.text.preprocessors import decoded
+
+    detokenize = tf.function(
+        tokenizer.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)]
+    )
+
+    def fn(rows):
+        ids = np.full((len(rows), max(map(len, rows))), PAD_ID, "int32")
+        for row, found in zip(ids, rows, strict=True):
+            row[: len(found)] = found
+        return decoded(detokenize(ids).numpy())
+
+    return fn
 
 
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -120,7 +157,7 @@ def stream_pieces(
     first: int,
     last: int,
     chunk_size: int,
-    detokenize: Callable[[list[int]], str],
+    detokenize: Callable[[list[list[int]]], list[str]],
     byte_pieces: dict[int, int] | None = None,
 ) -> Iterator[str]:
     """The text pieces of a chunked decoding, as they are decoded.
@@ -135,7 +172,7 @@ def stream_pieces(
         last: the last position a new token may take.
         chunk_size: steps per `advance` call (the first call decodes one
             token, for a first piece as early as can be).
-        detokenize: new token ids -> text.
+        detokenize: lists of new token ids -> their texts (`TextPieces`).
         byte_pieces: the tokenizer's byte pieces (`TextPieces`).
 
     `tokens` `(1, L)` holds the decided tokens, final up to `index` while
@@ -149,15 +186,17 @@ def stream_pieces(
         tokens = np.asarray(_numpy(tokens)).reshape(-1)
         index, running = int(_numpy(index)), bool(_numpy(running))
         decided = min(index if running else len(tokens) - 1, last)
+        new = []
         ended = False
         while position <= decided and not ended:
             token = int(tokens[position])
             ended = token in (END_ID, PAD_ID)
             if not ended:
-                piece = pieces.add(token)
-                if piece:
-                    yield piece
+                new.append(token)
                 position += 1
+        for piece in pieces.extend(new):
+            if piece:
+                yield piece
         if ended or not running or position > last:
             break
         found = advance(state, np.int32(min(index + chunk_size, last)))
@@ -170,6 +209,17 @@ def _numpy(x):
     import keras
 
     return keras.ops.convert_to_numpy(x)
+
+
+def text_of(model, tokenizer):
+    """`(detokenize, byte_pieces)` of `tokenizer` for `stream_pieces`, built
+    once and kept on `model` (rebuilt when the tokenizer is another)."""
+    return _task.cached(
+        model,
+        "stream_text",
+        [tokenizer],
+        lambda: (compiled_detokenizer(tokenizer), byte_pieces(tokenizer)),
+    )
 
 
 def check_chunk_size(chunk_size) -> int:

@@ -201,7 +201,6 @@ class Translator(GenerativeTask, keras.Model):
                 first.
         """
         from keras_attn.models import streaming
-        from keras_attn.text.preprocessors import detokenized_texts
 
         text = streaming.check_one_text("text", text)
         chunk_size = streaming.check_chunk_size(chunk_size)
@@ -222,9 +221,7 @@ class Translator(GenerativeTask, keras.Model):
             max_length, nearest_neighbors, ids.shape[1]
         )
 
-        def detokenize(new_ids):
-            return detokenized_texts(target, np.asarray([new_ids], "int32"))[0]
-
+        detokenize, byte_pieces = streaming.text_of(self, target)
         return streaming.stream_pieces(
             lambda until: start(ids, until),
             advance,
@@ -232,9 +229,7 @@ class Translator(GenerativeTask, keras.Model):
             max_length,
             chunk_size,
             detokenize,
-            _task.cached(
-                self, "byte_pieces", [target], lambda: streaming.byte_pieces(target)
-            ),
+            byte_pieces,
         )
 
     def _compiled_stream_decoding(self, max_length, knn, source_width):

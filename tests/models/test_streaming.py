@@ -126,15 +126,19 @@ def byte_ids(tokenizer, text):
 def test_text_pieces_hold_back_a_character_until_its_bytes_have_come(
     small_tokenizer, known_bytes
 ):
-    from keras_attn.models.streaming import byte_pieces
+    from keras_attn.models.streaming import byte_pieces, compiled_detokenizer
     from keras_attn.text.preprocessors import detokenized_texts
 
-    def detokenize(ids):
+    def detokenize(ids):  # what `generate` and `translate` answer
         return detokenized_texts(small_tokenizer, np.asarray([ids], "int32"))[0]
 
     def stream(ids):
-        pieces = TextPieces(detokenize, table)
-        return [pieces.add(i) for i in ids] + [pieces.close()]
+        pieces = TextPieces(compiled_detokenizer(small_tokenizer), table)
+        # Token by token, and the same in one chunk.
+        got = [pieces.add(i) for i in ids] + [pieces.close()]
+        chunked = TextPieces(compiled_detokenizer(small_tokenizer), table)
+        assert [*chunked.extend(ids), chunked.close()] == got
+        return got
 
     table = byte_pieces(small_tokenizer) if known_bytes else None
     text = "the café costs 5€ 日本 😀 end"
