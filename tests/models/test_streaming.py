@@ -17,6 +17,7 @@ import pytest
 
 from keras_attn import generation
 from keras_attn.models import (
+    RNNTranslator,
     TransformerLanguageModel,
     TransformerTranslator,
     _task,
@@ -46,7 +47,13 @@ def language_model(tokenizer, seed=0, **kwargs):
     return random_weights(model, seed)
 
 
-def translator(tokenizer, seed=1):
+def translator(tokenizer, seed=1, kind="transformer"):
+    if kind == "rnn":
+        model = RNNTranslator(
+            tokenizer.vocabulary_size, tokenizer.vocabulary_size, embedding_dim=8,
+            units=12, source_tokenizer=tokenizer, target_tokenizer=tokenizer,
+        )  # fmt: skip
+        return random_weights(model, seed)
     model = TransformerTranslator(
         tokenizer.vocabulary_size, tokenizer.vocabulary_size, sequence_length=24,
         embedding_dim=16, num_encoder_layers=1, num_decoder_layers=1,
@@ -282,9 +289,12 @@ def test_a_model_loaded_in_a_fresh_process_streams(lm, tmp_path):
 # -- the translator ------------------------------------------------------------
 
 
-def test_streamed_translations_join_to_greedy_translate(small_tokenizer, monkeypatch):
-    counting = CountingCalls(monkeypatch, TransformerTranslator)
-    model = translator(small_tokenizer)
+@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+def test_streamed_translations_join_to_greedy_translate(
+    small_tokenizer, monkeypatch, kind
+):
+    model = translator(small_tokenizer, kind=kind)
+    counting = CountingCalls(monkeypatch, type(model))
     texts = ["Where is the station?", "", "I am very tired today."]
     for max_length in (None, 5):
         for text in texts:
