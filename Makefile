@@ -29,7 +29,7 @@ PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS) --dist worksteal
 # tests on JAX (compiling each drawn shape makes them about 5 worker-minutes
 # there), and the JAX set, the property tests and the model classes on
 # PyTorch.
-JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/models/test_compiled_forward.py tests/models/test_dtype.py tests/models/test_quantize.py tests/models/test_language_model_positions.py
+JAX_TESTS := tests/ops tests/layers tests/generation tests/memory tests/models/test_compiled_forward.py tests/models/test_dtype.py tests/models/test_quantize.py tests/models/test_language_model_positions.py tests/models/test_streaming.py
 TORCH_TESTS := $(JAX_TESTS) tests/property tests/models/test_torch_backend.py
 # PyTorch's CPU build for Python 3.11 where the index offers one (pip takes
 # a local wheel of this version first); elsewhere PyPI's build, which runs on

@@ -123,9 +123,39 @@ class BeamSampler(base.Sampler):
         stop_token_ids=None,
     ):
         del seed  # deterministic
-        width = self.beam_width
-        alpha = self.length_penalty
         stop_ids = base.resolve_stop_token_ids(end_token_id, stop_token_ids)
+        state = self.start(
+            next_fn,
+            prompt,
+            cache,
+            max_length,
+            prompt_lengths=prompt_lengths,
+            pad_token_id=pad_token_id,
+            output_length=output_length,
+            prefill=prefill,
+        )
+        state = self.decode(next_fn, state, stop_ids=stop_ids)
+        return self.result(state, stop_ids=stop_ids)
+
+    # -- the loop in parts (see `Sampler.start`) ---------------------------------
+
+    def start(
+        self,
+        next_fn,
+        prompt,
+        cache,
+        max_length,
+        *,
+        prompt_lengths=None,
+        pad_token_id: int = 0,
+        output_length: int | None = None,
+        seed=None,
+        prefill: bool = True,
+    ) -> dict:
+        """The search's state before its first step: the prompt prefilled,
+        the cache repeated for the beams, only beam 0 alive."""
+        del seed  # deterministic
+        width = self.beam_width
         pad_token_id = base.check_token_id("pad_token_id", pad_token_id)
         output_length, max_length = base.resolve_lengths(max_length, output_length)
         prompt, tokens, lengths = base.prepare_prompt(
@@ -152,20 +182,63 @@ class BeamSampler(base.Sampler):
         )  # (B, W)
         finished = sequences  # (B, W, L), contents unused while scores are empty
         finished_scores = ops.full((batch_size, width), _NEG, dtype="float32")
-        max_generated = ops.cast(max_length - lengths, "float32")  # (B,)
-        best_possible_penalty = length_penalty(max_generated, alpha)  # (B,)
+        return {
+            "sequences": sequences,
+            "inputs": inputs,
+            "cache": cache,
+            "index": index,
+            "alive": alive_log_probs,
+            "finished": finished,
+            "scores": finished_scores,
+            "tokens": tokens,
+            "lengths": lengths,
+            "max_length": max_length,
+        }
+
+    def _bound(self, state):
+        """`length_penalty` of the most tokens a row may still generate."""
+        max_generated = ops.cast(state["max_length"] - state["lengths"], "float32")
+        return length_penalty(max_generated, self.length_penalty)  # (B,)
+
+    def _searching(self, index, alive, scores, max_length, bound, stop_ids, until=None):
+        going = ops.less(index, max_length - 1)
+        if until is not None:
+            going = ops.logical_and(going, ops.less(index, until))
+        if not stop_ids:
+            return going
+        best_alive = ops.max(alive, axis=-1) / bound  # (B,)
+        # The best beam is settled once it beats every live beam's bound;
+        # all beams once the worst finished one does.
+        settled = ops.min if self.return_all_beams else ops.max
+        row_done = ops.greater_equal(settled(scores, axis=-1), best_alive)
+        return ops.logical_and(going, ops.logical_not(ops.all(row_done)))
+
+    def running(self, state, *, stop_ids: tuple = (), until=None):
+        return self._searching(
+            state["index"],
+            state["alive"],
+            state["scores"],
+            state["max_length"],
+            self._bound(state),
+            stop_ids,
+            until,
+        )
+
+    def decode(
+        self, next_fn, state, *, stop_ids: tuple = (), pad_token_id: int = 0, until=None
+    ) -> dict:
+        width = self.beam_width
+        alpha = self.length_penalty
+        tokens, lengths = state["tokens"], state["lengths"]
+        max_length = state["max_length"]
+        best_possible_penalty = self._bound(state)  # (B,)
+        batch_size = ops.shape(tokens)[0]
         row_offsets = ops.arange(batch_size, dtype="int32")[:, None] * width  # (B,1)
 
         def cond(sequences, inputs, cache, index, alive, finished, scores):
-            going = ops.less(index, max_length - 1)
-            if not stop_ids:
-                return going
-            best_alive = ops.max(alive, axis=-1) / best_possible_penalty  # (B,)
-            # The best beam is settled once it beats every live beam's bound;
-            # all beams once the worst finished one does.
-            settled = ops.min if self.return_all_beams else ops.max
-            row_done = ops.greater_equal(settled(scores, axis=-1), best_alive)
-            return ops.logical_and(going, ops.logical_not(ops.all(row_done)))
+            return self._searching(
+                index, alive, scores, max_length, best_possible_penalty, stop_ids, until
+            )
 
         def body(sequences, inputs, cache, index, alive, finished, scores):
             logits, cache = next_fn(inputs, cache, index)
@@ -232,32 +305,49 @@ class BeamSampler(base.Sampler):
                 )
             return sequences, inputs, cache, position, alive, finished, scores
 
-        sequences, _, _, index, alive, finished, scores = ops.while_loop(
-            cond,
-            body,
-            (
-                sequences,
-                inputs,
-                cache,
-                index,
-                alive_log_probs,
-                finished,
-                finished_scores,
-            ),
-        )
+        names = ("sequences", "inputs", "cache", "index", "alive", "finished", "scores")
+        found = ops.while_loop(cond, body, tuple(state[name] for name in names))
+        return {**state, **dict(zip(names, found, strict=True))}
+
+    def result(self, state, *, stop_ids: tuple = ()):
+        """`__call__`'s `(tokens, scores)` of a finished state: the live beams
+        that reached `max_length` join the finished hypotheses."""
+        width = self.beam_width
+        index, alive = state["index"], state["alive"]
         # Live beams that reached max_length are complete hypotheses too.
-        reached_end = ops.greater_equal(index, max_length - 1)
-        final_penalty = length_penalty(index + 1 - lengths, alpha)[:, None]  # (B, 1)
+        reached_end = ops.greater_equal(index, state["max_length"] - 1)
+        final_penalty = length_penalty(
+            index + 1 - state["lengths"], self.length_penalty
+        )[:, None]  # (B, 1)
         alive_scores = ops.where(
             ops.logical_and(reached_end, ops.greater(alive, _NEG / 2)),
             alive / final_penalty,
             _NEG,
         )
-        finished, scores = _merge(finished, scores, sequences, alive_scores, width)
+        finished, scores = _merge(
+            state["finished"], state["scores"], state["sequences"], alive_scores, width
+        )
         scores = ops.where(ops.greater(scores, _NEG / 2), scores, float("-inf"))
         if self.return_all_beams:
             return finished, scores
         return finished[:, 0], scores[:, 0]
+
+    def decided_tokens(self, state, *, stop_ids: tuple = ()):
+        """The tokens decided so far, which only greedy search has before the
+        end (`beam_width=1`, `length_penalty=0`, one hypothesis): the live
+        beam while the search goes on, the result once it has ended. A wider
+        search, or a length penalty, may still prefer another hypothesis:
+        a `ValueError`."""
+        if self.beam_width != 1 or self.length_penalty != 0 or self.return_all_beams:
+            raise ValueError(
+                "Only greedy search (beam_width=1, length_penalty=0) decides its "
+                "tokens before the search ends. Received: "
+                f"beam_width={self.beam_width}, length_penalty={self.length_penalty}"
+                f", return_all_beams={self.return_all_beams}"
+            )
+        tokens, _ = self.result(state, stop_ids=stop_ids)
+        going = self.running(state, stop_ids=stop_ids)
+        return ops.where(going, state["sequences"][:, 0], tokens)
 
     def get_config(self) -> dict:
         return {

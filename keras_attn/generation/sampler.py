@@ -344,6 +344,46 @@ class Sampler:
         stop_token_ids=None,
     ):
         stop_ids = resolve_stop_token_ids(end_token_id, stop_token_ids)
+        state = self.start(
+            next_fn,
+            prompt,
+            cache,
+            max_length,
+            prompt_lengths=prompt_lengths,
+            pad_token_id=pad_token_id,
+            output_length=output_length,
+            seed=seed,
+            prefill=prefill,
+        )
+        state = self.decode(
+            next_fn, state, stop_ids=stop_ids, pad_token_id=pad_token_id
+        )
+        return self.result(state, stop_ids=stop_ids)
+
+    # -- the loop in parts: `__call__` is `start`, `decode`, `result` ----------
+    #
+    # A caller that decodes in chunks (`TransformerLanguageModel.stream`)
+    # compiles `start` and `decode(..., until=...)` and calls them from
+    # Python, the state (a dict of tensors, the cache among them) passed from
+    # one call to the next; `decided_tokens` is what the chunks have decided.
+    # `stop_ids` is `resolve_stop_token_ids(end_token_id, stop_token_ids)`.
+
+    def start(
+        self,
+        next_fn,
+        prompt,
+        cache,
+        max_length,
+        *,
+        prompt_lengths=None,
+        pad_token_id: int = 0,
+        output_length: int | None = None,
+        seed=None,
+        prefill: bool = True,
+    ) -> dict:
+        """The decoding's state before its first step (the prompt prefilled):
+        a dict of tensors, `index` the position fed next. The arguments are
+        `__call__`'s."""
         pad_token_id = check_token_id("pad_token_id", pad_token_id)
         output_length, max_length = resolve_lengths(max_length, output_length)
         prompt, tokens, lengths = prepare_prompt(
@@ -354,12 +394,51 @@ class Sampler:
         index = start_index(lengths, prefill)
         inputs = ops.take(tokens, index, axis=1)[:, None]  # (B, 1)
         done = ops.zeros_like(lengths, dtype="bool")  # (B,)
+        return {
+            "tokens": tokens,
+            "inputs": inputs,
+            "cache": cache,
+            "index": index,
+            "done": done,
+            "lengths": lengths,
+            "max_length": max_length,
+            "seed": seed,
+        }
+
+    def running(self, state, *, stop_ids: tuple = (), until=None):
+        """Scalar bool tensor: whether the decoding of `state` goes on (and,
+        with `until`, a scalar int, whether its index is below it)."""
+        return self._going(
+            state["index"], state["done"], state["max_length"], stop_ids, until
+        )
+
+    @staticmethod
+    def _going(index, done, max_length, stop_ids, until=None):
+        going = ops.less(index, max_length - 1)
+        if until is not None:
+            going = ops.logical_and(going, ops.less(index, until))
+        if not stop_ids:
+            return going
+        return ops.logical_and(going, ops.logical_not(ops.all(done)))
+
+    def decode(
+        self,
+        next_fn,
+        state,
+        *,
+        stop_ids: tuple = (),
+        pad_token_id: int = 0,
+        until=None,
+    ) -> dict:
+        """`state` decoded to the end, or (`until`: a scalar int or int32
+        tensor) until its index reaches `until`: one `ops.while_loop` either
+        way, tracing once for every `until`. The tokens do not depend on
+        where the decoding was stopped and resumed."""
+        lengths, max_length = state["lengths"], state["max_length"]
+        seed = state["seed"]
 
         def cond(tokens, inputs, cache, index, done):
-            going = ops.less(index, max_length - 1)
-            if not stop_ids:
-                return going
-            return ops.logical_and(going, ops.logical_not(ops.all(done)))
+            return self._going(index, done, max_length, stop_ids, until)
 
         def body(tokens, inputs, cache, index, done):
             logits, cache = next_fn(inputs, cache, index)
@@ -382,8 +461,18 @@ class Sampler:
                 done = ops.logical_or(done, ended)
             return tokens, next_token[:, None], cache, position, done
 
-        tokens, *_ = ops.while_loop(cond, body, (tokens, inputs, cache, index, done))
-        return tokens
+        names = ("tokens", "inputs", "cache", "index", "done")
+        found = ops.while_loop(cond, body, tuple(state[name] for name in names))
+        return {**state, **dict(zip(names, found, strict=True))}
+
+    def decided_tokens(self, state, *, stop_ids: tuple = ()):
+        """int32 `(B, output_length)`: the tokens decided so far, final at
+        the positions up to `state["index"]` (padding after them)."""
+        return state["tokens"]
+
+    def result(self, state, *, stop_ids: tuple = ()):
+        """What `__call__` returns for a finished `state`."""
+        return state["tokens"]
 
     def get_config(self) -> dict:
         return {"temperature": self.temperature, "seed": self.seed}

@@ -18,6 +18,22 @@ from keras_attn.models.task import BackboneTask
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
+def _stream_seed(sampler, seed):
+    """The seed of `stream`'s draws as a scalar of the hash's dtype (what
+    `generate` makes of the same int): `seed`, else the sampler's, else a
+    fresh one."""
+    import random
+
+    from keras_attn.ops._hash import hash_dtype
+
+    seed = sampler.seed if seed is None else seed
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+    return np.asarray(int(seed) & 0xFFFFFFFF, hash_dtype())
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
     """Decoder-only next-token model (GPT-style) of causal decoder blocks.
@@ -493,6 +509,162 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         if max_new_tokens is not None:
             new &= positions < first_new + max_new_tokens
         return tf.ragged.boolean_mask(tokens, new)
+
+    def stream(
+        self,
+        prompt: str,
+        max_new_tokens: int | None = None,
+        sampler="greedy",
+        seed=None,
+        chunk_size: int = 8,
+    ):
+        """Continue one raw-string prompt, its text yielded as it is decoded:
+        a generator of `str` pieces whose join is `generate(prompt, ...)`'s
+        text with the same options.
+
+        The decoding is `generate`'s (the same prompt, cache, sampler and
+        draws), cut into chunks: a compiled call prefills the prompt and
+        decodes the first new token, then each compiled call decodes
+        `chunk_size` more; both are compiled once per shape (`generate`'s
+        prompt-width buckets) and reused by later calls, on TensorFlow
+        (`tf.function`) and JAX (`jax.jit`). Each piece is whole characters:
+        the bytes of a character spread over byte pieces are held back
+        until it is complete (a sequence that is not valid UTF-8 comes out
+        as U+FFFD once a later token shows it, as in `generate`).
+
+        One prompt at a time (a list is refused: call `stream` once per
+        prompt, or `generate` for a batch).
+
+        Args:
+            prompt: one string.
+            max_new_tokens, sampler: as in `generate` (beam search cannot
+                stream: it chooses its tokens at the end).
+            seed: fixes a random sampler's draws (default the sampler's
+                `seed`): with it the pieces join to `generate(prompt,
+                sampler=sampler, seed=seed)`. With neither, the draws come
+                from a fresh seed at every call.
+            chunk_size: new tokens decoded per compiled call after the
+                first (more: fewer calls from Python; fewer: pieces sooner).
+
+        Example:
+
+        ```python
+        for piece in model.stream("KING:", max_new_tokens=40):
+            print(piece, end="", flush=True)
+        ```
+        """
+        from keras_attn.models import streaming
+
+        prompt = streaming.check_one_text("prompt", prompt)
+        chunk_size = streaming.check_chunk_size(chunk_size)
+        sampler = self._stream_sampler(sampler)
+        seed = _stream_seed(sampler, seed)
+        preprocessor = self._text_preprocessor(None, "stream")
+        context = self.sequence_length
+        keep = self.prompt_room(max_new_tokens, context)
+        # The prompt as `generate` decodes a batch of this one prompt
+        # (`continue_ids`): its end kept, the start token first, padded to
+        # the bucket of its length.
+        ids = preprocessor.generate_preprocess([prompt]).to_list()[0]
+        width = _task.bucket_length(min(len(ids), keep) + 1, cap=keep + 1)
+        row = [START_ID, *(ids[-keep:] if keep > 0 else [])]
+        prompt_ids = np.full((1, width), PAD_ID, "int32")
+        prompt_ids[0, : len(row)] = row
+        lengths = np.asarray([len(row)], "int32")
+        total = context if max_new_tokens is None else width + max_new_tokens
+        first = len(row)  # the first new token's position
+        last = total - 1 if max_new_tokens is None else first + max_new_tokens - 1
+        start, advance = self._compiled_stream(width, total, sampler)
+        detokenize, byte_pieces = streaming.text_of(self, self.tokenizer)
+        return streaming.stream_pieces(
+            lambda until: start(prompt_ids, lengths, seed, until),
+            advance,
+            first,
+            last,
+            chunk_size,
+            detokenize,
+            byte_pieces,
+        )
+
+    def _stream_sampler(self, sampler):
+        """`sampler` for `stream`: `"greedy"` is one `GreedySampler` kept on
+        the model (so the compiled chunks are reused); beam search refused."""
+        if isinstance(sampler, str) and sampler == "greedy":
+            return _task.cached(self, "stream_greedy", [], generation.GreedySampler)
+        if isinstance(sampler, generation.BeamSampler):
+            raise ValueError(
+                "`stream` decodes token by token; beam search chooses its tokens "
+                "only when it ends, so it cannot stream (use `generate`). "
+                f"Received: sampler={sampler!r}"
+            )
+        if not isinstance(sampler, generation.Sampler):
+            raise ValueError(
+                "`sampler` must be 'greedy' or a keras_attn.generation sampler. "
+                f"Received: sampler={sampler!r}"
+            )
+        return sampler
+
+    def _compiled_stream(self, width, total, sampler):
+        """`(start, advance)`: `generate_ids`' decoding of one prompt
+        `(1, width)` to `total` tokens in chunks, each compiled once per
+        setting (`make_generate_function`). `start(prompt, lengths, seed,
+        until)` prefills and decodes until the index reaches `until`;
+        `advance(state, until)` goes on; both return `(state, tokens,
+        index, running)` (`keras_attn.models.streaming.stream_pieces`)."""
+        stop_ids = (END_ID,)
+
+        def chunk(next_fn, state, until):
+            state = sampler.decode(
+                next_fn, state, stop_ids=stop_ids, pad_token_id=PAD_ID, until=until
+            )
+            return (
+                state,
+                sampler.decided_tokens(state, stop_ids=stop_ids),
+                state["index"],
+                sampler.running(state, stop_ids=stop_ids),
+            )
+
+        def build_start():
+            def start(prompt, lengths, seed, until):
+                next_fn = _task.WithoutPadding(self.call_with_cache)
+                cache = self.initial_cache(ops.shape(prompt)[0], total)
+                state = sampler.start(
+                    next_fn,
+                    prompt,
+                    cache,
+                    total,
+                    prompt_lengths=lengths,
+                    pad_token_id=PAD_ID,
+                    seed=seed,
+                )
+                return chunk(next_fn, state, until)
+
+            return start
+
+        def build_advance():
+            def advance(state, until):
+                return chunk(_task.WithoutPadding(self.call_with_cache), state, until)
+
+            return advance
+
+        from keras_attn.ops._hash import hash_dtype
+
+        key = ("stream", width, total, id(sampler))
+        start = self.make_generate_function(
+            (*key, "start"),
+            build_start,
+            depends=(sampler,),
+            signature=[
+                ([1, width], "int32"),
+                ([1], "int32"),
+                ([], hash_dtype()),
+                ([], "int32"),
+            ],
+        )
+        advance = self.make_generate_function(
+            (*key, "advance"), build_advance, depends=(sampler,)
+        )
+        return start, advance
 
     def _compiled_generation(self, width, total, sampler, seed):
         """`generate_ids` of `(prompt (B, width), lengths (B,))` to `total`

@@ -166,6 +166,120 @@ class Translator(GenerativeTask, keras.Model):
 
         return self.generate_texts(translate_batch, texts, batch_size, verbose, title)
 
+    def stream_translate(
+        self,
+        text: str,
+        max_length: int | None = None,
+        beam_width: int = 1,
+        length_penalty: float = 0.0,
+        nearest_neighbors=None,
+        chunk_size: int = 8,
+    ):
+        """Translate one raw string with greedy search, the translation
+        yielded as it is decoded: a generator of `str` pieces whose join is
+        `translate(text, beam_width=1, length_penalty=0.0, ...)`'s.
+
+        The decoding is `translate`'s (the same source ids, cache and
+        search), cut into chunks: a compiled call encodes the source and
+        decodes the first token, then each compiled call decodes
+        `chunk_size` more; both are compiled once per source width and
+        reused. Each piece is whole characters (see
+        `TransformerLanguageModel.stream`).
+
+        Only greedy search streams: a wider beam, or a length penalty with
+        one beam, may prefer another hypothesis until the search ends, so
+        `beam_width` must be 1 and `length_penalty` 0 (they are arguments so
+        that `translate`'s options can be passed as they are). One text at a
+        time (a list is refused).
+
+        Args:
+            text: one string.
+            max_length, nearest_neighbors: as in `translate`.
+            beam_width: 1.
+            length_penalty: 0.
+            chunk_size: target tokens decoded per compiled call after the
+                first.
+        """
+        from keras_attn.models import streaming
+
+        text = streaming.check_one_text("text", text)
+        chunk_size = streaming.check_chunk_size(chunk_size)
+        if beam_width != 1 or length_penalty != 0:
+            raise ValueError(
+                "`stream_translate` streams greedy search only (beam_width=1, "
+                "length_penalty=0): a wider beam or a length penalty chooses its "
+                "translation when the search ends (use `translate`). Received: "
+                f"beam_width={beam_width!r}, length_penalty={length_penalty!r}"
+            )
+        source = _task.require_tokenizer(self, "source_tokenizer", "stream_translate")
+        target = _task.require_tokenizer(self, "target_tokenizer", "stream_translate")
+        max_length = self.translation_length(max_length)
+        source_cap = min(max_length, self._source_positions() or max_length)
+        # The source as `translate` decodes a batch of this one text.
+        ids = _task.padded_ids(source.tokenize([text]), source_cap)
+        start, advance = self._compiled_stream_decoding(
+            max_length, nearest_neighbors, ids.shape[1]
+        )
+
+        detokenize, byte_pieces = streaming.text_of(self, target)
+        return streaming.stream_pieces(
+            lambda until: start(ids, until),
+            advance,
+            1,  # after the start token
+            max_length,
+            chunk_size,
+            detokenize,
+            byte_pieces,
+        )
+
+    def _compiled_stream_decoding(self, max_length, knn, source_width):
+        """`(start, advance)`: `decoding_fn`'s greedy search (a
+        `BeamSampler` of width 1, no length penalty) of one source
+        `(1, source_width)` in chunks, each compiled once per setting:
+        `start(encoder_inputs, until)` encodes and decodes until the index
+        reaches `until`, `advance(state, until)` goes on; both return
+        `(state, tokens, index, running)`
+        (`keras_attn.models.streaming.stream_pieces`)."""
+        sampler = generation.BeamSampler(beam_width=1, length_penalty=0.0)
+        stop_ids = (END_ID,)
+        next_fn = self._next_fn(knn)  # a kNN-MT datastore's weights made here
+
+        def chunk(state, until):
+            state = sampler.decode(
+                next_fn, state, stop_ids=stop_ids, pad_token_id=PAD_ID, until=until
+            )
+            return (
+                state,
+                sampler.decided_tokens(state, stop_ids=stop_ids),
+                state["index"],
+                sampler.running(state, stop_ids=stop_ids),
+            )
+
+        def build_start():
+            def start(encoder_inputs, until):
+                encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
+                cache = self.encode(encoder_inputs, max_length + 1)
+                batch = ops.shape(encoder_inputs)[0]
+                start_tokens = ops.full((batch, 1), START_ID, dtype="int32")
+                state = sampler.start(
+                    next_fn, start_tokens, cache, max_length + 1, pad_token_id=PAD_ID
+                )
+                return chunk(state, until)
+
+            return start
+
+        key = ("stream_decoding", max_length, id(knn), source_width)
+        start = self.make_generate_function(
+            (*key, "start"),
+            build_start,
+            depends=(knn,),
+            signature=[([1, source_width], "int32"), ([], "int32")],
+        )
+        advance = self.make_generate_function(
+            (*key, "advance"), lambda: chunk, depends=(knn,)
+        )
+        return start, advance
+
     def max_length_limit(self) -> int | None:
         """The most target tokens the model's positions allow
         (`sequence_length - 1`: the start token comes first), or None where
