@@ -26,6 +26,12 @@ MAX_QUERY_BLOCK_SIZE = 256
 MIN_QUERY_BLOCK_SIZE = 16
 BLOCK_BYTES = 16 * 2**20
 CAUSAL_KEY_BLOCK_SIZE = 512
+# The backward pass of the one-block layout takes key blocks of
+# BACKWARD_KEY_BLOCK_SIZE and at most BACKWARD_QUERY_BLOCK_SIZE query rows
+# (FlashAttention-2's order, `blocked_passes.backward`; the sizes that did
+# best on TensorFlow and JAX at 8k tokens, docs/LONG_SEQUENCES.md).
+BACKWARD_KEY_BLOCK_SIZE = 2048
+BACKWARD_QUERY_BLOCK_SIZE = 128
 
 
 def dim(x, axis):
@@ -66,8 +72,8 @@ class Plan:
             query_block_size = _default_query_block_size(batch_heads, self.key_block)
         self.query_block = _block_size(query_length, query_block_size)
         self.num_query_blocks = _ceil_div(query_length, self.query_block)
-        # One block of all the keys: a plain softmax per query block, and a
-        # backward pass that needs no second sweep.
+        # One block of all the keys: a plain softmax per query block (the
+        # backward pass takes key blocks of its own, `backward_plan`).
         self.single_key_block = (
             isinstance(self.num_key_blocks, int) and self.num_key_blocks == 1
         )
@@ -78,6 +84,30 @@ class Plan:
             and isinstance(key_length, int)
             and self.padded_key_length == key_length
         )
+
+
+def backward_plan(plan, query_block_size, batch_heads):
+    """The plan of the backward pass: `plan` itself when it has key blocks,
+    else key blocks of BACKWARD_KEY_BLOCK_SIZE (`query_block_size` rows, or
+    the default rows up to BACKWARD_QUERY_BLOCK_SIZE), so that the backward
+    sweep carries a key block's gradients, not the whole length's."""
+    if not plan.single_key_block:
+        return plan
+    if query_block_size is None:
+        key_block = _block_size(plan.key_length, BACKWARD_KEY_BLOCK_SIZE)
+        query_block_size = _default_query_block_size(batch_heads, key_block)
+        if isinstance(query_block_size, int):
+            query_block_size = min(query_block_size, BACKWARD_QUERY_BLOCK_SIZE)
+        else:
+            query_block_size = ops.minimum(query_block_size, BACKWARD_QUERY_BLOCK_SIZE)
+    return Plan(
+        plan.query_length,
+        plan.key_length,
+        query_block_size,
+        BACKWARD_KEY_BLOCK_SIZE,
+        batch_heads=batch_heads,
+        groups=plan.groups,
+    )
 
 
 def _default_query_block_size(batch_heads, key_block):
@@ -304,7 +334,9 @@ class BlockDropout:
 
     The keep decision of weight `(b, n, q, k)` is
     `keras_attn.ops.counter_random.dropout_factors` of a seed drawn once per
-    call, the row's index `(b, n, q)` among all the rows and the key `k`.
+    call, the row's index `(b, n, q)` among all the rows and the key `k`:
+    positions, not blocks, so that passes with different block layouts
+    (the forward and the backward) draw the same mask.
     """
 
     def __init__(self, rate, seed, plan):
@@ -322,7 +354,7 @@ class BlockDropout:
                         ops.arange(batch * heads, dtype="int32"), (batch, heads, 1, 1)
                     )
                 ),
-                _hash.u32(plan.padded_query_length),
+                _hash.u32(plan.query_length),
             ),
             _hash.u32(
                 i * plan.query_block

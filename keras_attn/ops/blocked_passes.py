@@ -4,17 +4,17 @@ the blocked forward and the backward pass of its custom gradient.
 `keras_attn.ops.memory_efficient_attention` cuts its inputs into blocks
 (`keras_attn.ops.blocked_attention`) and calls these:
 
-- one block of all the keys (`plan.single_key_block`): `forward_single`, an
-  ordinary masked softmax per query block, and `backward_single`, one sweep
-  over the query blocks;
-- key blocks: `forward`, an online softmax over the key blocks that keeps
-  each row's log-normaliser, and two backward sweeps that recompute each
-  block's weights from it, `backward_query` (over the key blocks of each
-  query block) and `backward_key_value` (over the query blocks of each key
-  block).
+- forward, one block of all the keys (`plan.single_key_block`):
+  `forward_single`, an ordinary softmax per query block;
+- forward, key blocks: `forward`, an online softmax over the key blocks;
+- backward, either way: `backward`, one sweep in FlashAttention-2's order
+  (key blocks outside, query blocks inside) that recomputes each block's
+  weights from the rows' log-normalisers, which both forwards return. The
+  one-block layout's backward pass takes key blocks of its own
+  (`blocked_attention.backward_plan`).
 
-`ops.map` runs over one axis of blocks and `ops.fori_loop` over the other,
-one block at a time on every backend (`_map`, `_fori_loop`).
+`ops.map`, `ops.fori_loop` and `ops.scan` run over the blocks one block at
+a time on every backend (`_map`, `_fori_loop`, `_scan`, `_scan_range`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import keras
 from keras import ops
 
 from keras_attn.ops.blocked_attention import dim
-from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
+from keras_attn.ops.softmax import MASK_VALUE
 
 # -- layouts and block products -------------------------------------------------
 #
@@ -73,10 +73,17 @@ def _weighted(weights, keys, groups):
 def _key_side(weights, rows, groups):
     """`weightsᵀ @ rows`: `(B, N, b, bk), (B, N, b, D) -> (B, K, bk, D)`, a
     key or value gradient, summed over the query heads of each group (the
-    matmul over the stacked rows of the group sums them)."""
-    return ops.matmul(
-        ops.transpose(_group(weights, groups), (0, 1, 3, 2)), _group(rows, groups)
-    )
+    matmul over the stacked rows of the group sums them).
+
+    On TensorFlow the transpose is the matmul's `transpose_a`: a separate
+    transpose would copy the `(B, N, b, bk)` block once more.
+    """
+    weights, rows = _group(weights, groups), _group(rows, groups)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.linalg.matmul(weights, rows, transpose_a=True)
+    return ops.matmul(ops.transpose(weights, (0, 1, 3, 2)), rows)
 
 
 def _masked_logits(query, key, i, j, masks, query_flags, key_flags):
@@ -128,16 +135,17 @@ def _map(f, xs, num_outputs: int = 1):
     return tf.map_fn(f, xs, fn_output_signature=signature, parallel_iterations=1)
 
 
-def _scan(f, init, xs):
+def _scan(f, init, xs, num_outputs: int = 1):
     """`ops.scan` that runs one element at a time on every backend:
     `f(carry, x) -> (carry, y)` over the first axis of `xs` (a tuple of
-    tensors), returning the last carry and the `y`s stacked; each `y` has
-    the shape of an element of `xs[0]`.
+    tensors), returning the last carry and the `y`s stacked (`y` a float32
+    tensor, or a tuple of `num_outputs` of them, the `k`-th of the shape of
+    an element of `xs[k]`).
 
     On TensorFlow, `keras.ops.scan` stacks outputs only of the carry's shape
     and runs `parallel_iterations` of them at once: a `tf.while_loop` with
-    one iteration in flight writes each `y` (a float32 tensor) to a
-    `TensorArray` instead, so no step copies what the others wrote.
+    one iteration in flight writes each `y` to a `TensorArray` instead, so no
+    step copies what the others wrote.
     """
     if keras.backend.backend() != "tensorflow":
         return ops.scan(f, init, xs)
@@ -147,15 +155,65 @@ def _scan(f, init, xs):
 
     def body(i, carry, ys):
         carry, y = f(carry, tuple(tf.gather(x, i) for x in xs))
-        return i + 1, carry, ys.write(i, y)
+        y = (y,) if num_outputs == 1 else y
+        return i + 1, carry, tuple(a.write(i, b) for a, b in zip(ys, y, strict=True))
+
+    arrays = tuple(
+        tf.TensorArray("float32", size=length, infer_shape=False)
+        for _ in range(num_outputs)
+    )
+    _, carry, ys = tf.while_loop(
+        lambda i, *_: i < length, body, (0, init, arrays), parallel_iterations=1
+    )
+    ys = tuple(a.stack() for a in ys)
+    for y, x in zip(ys, xs, strict=False):
+        y.set_shape(x.shape)
+    return carry, ys[0] if num_outputs == 1 else ys
+
+
+def _scan_range(f, init, xs, start, end, size):
+    """`f(carry, x_i, i) -> (carry, y_i)` for `i` in `[start, end)`, one at a
+    time, over the first axis of `xs` (a tuple of tensors of `size`
+    elements); returns the last carry and the `y`s stacked to `size`
+    elements, zeros outside the range. Each `y` has the shape and dtype
+    (float32) of an element of `xs[0]`.
+
+    TensorFlow writes the range to a `TensorArray` and pads it; the other
+    backends update a zero tensor in place (`ops.slice_update` in a
+    `fori_loop`, which XLA does not copy). On TensorFlow an empty range
+    computes the block at `start` instead (clipped to the last), so that
+    the stacked array is never empty: the callers' blocks outside the range
+    are fully masked, so that block adds exact zeros.
+    """
+    if keras.backend.backend() != "tensorflow":
+
+        def body(i, state):
+            carry, ys = state
+            carry, y = f(carry, tuple(ops.take(x, i, axis=0) for x in xs), i)
+            return carry, ops.slice_update(ys, (i,) + (0,) * len(y.shape), y[None])
+
+        return ops.fori_loop(start, end, body, (init, ops.zeros_like(xs[0])))
+    import tensorflow as tf
+
+    start = tf.minimum(start, size - 1)
+    count = tf.maximum(end - start, 1)
+
+    def body(n, carry, ys):
+        i = start + n
+        carry, y = f(carry, tuple(tf.gather(x, i) for x in xs), i)
+        return n + 1, carry, ys.write(n, y)
 
     _, carry, ys = tf.while_loop(
-        lambda i, *_: i < length,
+        lambda n, *_: n < count,
         body,
-        (0, init, tf.TensorArray("float32", size=length, infer_shape=False)),
+        (0, init, tf.TensorArray("float32", size=count, infer_shape=False)),
         parallel_iterations=1,
     )
     ys = ys.stack()
+    padding = tf.concat(
+        [[[start, size - start - count]], tf.zeros((tf.rank(ys) - 1, 2), "int32")], 0
+    )
+    ys = tf.pad(ys, padding)
     ys.set_shape(xs[0].shape)
     return carry, ys
 
@@ -176,26 +234,28 @@ def _real_flags(flags, masks_flags):
 # One block of all the keys: each query block is an ordinary masked softmax.
 
 
-def _single_block_weights(query, key, i, masks, query_flags, key_flags):
-    """Weights `(B, N, bq, Tk)` float32 of query block `i` against all keys."""
-    logits = _scores(query, key, masks.plan.groups)  # (B, N, bq, Tk)
-    logits = masks.add_bias(logits, i, 0)
-    mask = masks.block(i, 0, query_flags, key_flags) if masks.any else None
-    return masked_softmax(logits, mask)
-
-
 def forward_single(query_blocks, key, value, plan, masks, dropout):
-    """Outputs `(nq, B, N, bq, Hv)`; `key` `(B, K, Tk, H)`, `value` `(B, K, Tk, Hv)`."""
+    """Outputs `(nq, B, N, bq, Hv)` and log-normalisers `(nq, B, N, bq, 1)`
+    (0 for rows that see no key); `key` `(B, K, Tk, H)`, `value`
+    `(B, K, Tk, Hv)`: an ordinary softmax of each query block against all
+    the keys."""
     batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
     key_flags = _take(masks.key_blocks, 0)  # (B|1, Tk) or None
 
     def query_block(elements):
         query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
         query_flags = _real_flags(query_flags, masks.query_blocks)
-        weights = _single_block_weights(query, key, i, masks, query_flags, key_flags)
+        logits, _ = _masked_logits(
+            query, key, i, 0, masks, query_flags, key_flags
+        )  # (B, N, bq, Tk)
+        weights = ops.softmax(logits, axis=-1)
+        largest = ops.max(logits, axis=-1, keepdims=True)  # (B, N, bq, 1)
+        # The largest weight is exp(0) / Σ exp(s - max s).
+        log_normaliser = largest - ops.log(ops.max(weights, axis=-1, keepdims=True))
         if dropout is not None:
             weights = weights * dropout.scale(i, 0, batch, heads)
-        return _weighted(weights, value, plan.groups)  # (B, N, bq, Hv)
+        outputs = _weighted(weights, value, plan.groups)  # (B, N, bq, Hv)
+        return _without_keyless_rows(outputs, log_normaliser)
 
     return _map(
         query_block,
@@ -204,55 +264,23 @@ def forward_single(query_blocks, key, value, plan, masks, dropout):
             _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
             ops.arange(plan.num_query_blocks, dtype="int32"),
         ),
+        num_outputs=2,
     )
 
 
-def backward_single(saved, key, value, plan, masks, dropout):
-    """Gradients of the scaled query blocks, of the keys and of the values in
-    one sweep over the query blocks: each block's query gradient is an output
-    of its step (`_scan`), the key and value gradients are summed in the
-    carry."""
-    query_blocks, upstream_blocks, delta = saved
-    batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
-    key_flags = _take(masks.key_blocks, 0)
-
-    def query_step(carry, elements):
-        d_key, d_value = carry
-        query, upstream, row_delta, query_flags, i = elements
-        # (B, N, bq, H), (B, N, bq, Hv), (B, N, bq, 1), (B, bq), ()
-        weights = _single_block_weights(
-            query,
-            key,
-            i,
-            masks,
-            _real_flags(query_flags, masks.query_blocks),
-            key_flags,
-        )  # (B, N, bq, Tk)
-        d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, Tk)
-        dropped = weights
-        if dropout is not None:
-            factors = dropout.scale(i, 0, batch, heads)
-            dropped, d_weights = weights * factors, d_weights * factors
-        d_value = d_value + _key_side(dropped, upstream, plan.groups)  # (B, K, Tk, Hv)
-        d_logits = weights * (d_weights - row_delta)
-        d_key = d_key + _key_side(d_logits, query, plan.groups)  # (B, K, Tk, H)
-        return (d_key, d_value), _weighted(d_logits, key, plan.groups)  # (B, N, bq, H)
-
-    (d_key, d_value), d_query = _scan(
-        query_step,
-        (ops.zeros_like(key), ops.zeros_like(value)),
-        (
-            query_blocks,
-            upstream_blocks,
-            delta,
-            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
-            ops.arange(plan.num_query_blocks, dtype="int32"),
-        ),
+def _without_keyless_rows(outputs, log_normaliser):
+    """Zero outputs for the rows that met no valid key (their
+    log-normaliser is near MASK_VALUE; their softmax came out uniform over
+    masked keys), and a log-normaliser of 0 for them, so that
+    `exp(MASK_VALUE - 0) = 0` when the backward pass recomputes weights."""
+    has_keys = ops.greater(log_normaliser, 0.5 * MASK_VALUE)  # (B, N, bq, 1)
+    return (
+        ops.where(has_keys, outputs, 0.0),
+        ops.where(has_keys, log_normaliser, 0.0),
     )
-    return d_query, d_key, d_value  # (nq, B, N, bq, H), (B, K, Tk, H), (B, K, Tk, Hv)
 
 
-# Key blocks: an online softmax over them, and two backward sweeps.
+# Key blocks: an online softmax over them.
 
 
 def forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
@@ -308,12 +336,7 @@ def forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
                 ),
             ),
         )
-        # A row that met no valid key has a log-normaliser near MASK_VALUE.
-        has_keys = ops.greater(log_normaliser, 0.5 * MASK_VALUE)  # (B, N, bq, 1)
-        outputs = ops.where(has_keys, outputs, 0.0)
-        # 0 for those rows, so that exp(MASK_VALUE - 0) = 0 when recomputing.
-        log_normaliser = ops.where(has_keys, log_normaliser, 0.0)
-        return outputs, log_normaliser
+        return _without_keyless_rows(outputs, log_normaliser)
 
     return _map(
         query_block,
@@ -332,18 +355,29 @@ def _block_weights(query, log_normaliser, key, i, j, masks, query_flags, key_fla
     return ops.exp(logits - log_normaliser)
 
 
-def backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
-    """Gradients of the scaled query blocks: `(nq, B, N, bq, H)`."""
+def backward(saved, key_blocks, value_blocks, plan, masks, dropout):
+    """Gradients of the scaled query blocks `(nq, B, N, bq, H)` and of the
+    key and value blocks `(nk, B, K, bk, H|Hv)`, in one sweep.
+
+    FlashAttention-2's order (Dao 2023): the key blocks outside, the query
+    blocks that can see each (`masks.query_block_range`) inside. Each pair's
+    weights are recomputed from the rows' log-normalisers once, and give all
+    three gradients: the key block's in the inner carry (a block, not a
+    full-length accumulator), the query blocks' as the inner scan's
+    outputs, added to the query gradient once per key block.
+    """
     query_blocks, upstream_blocks, log_normaliser, delta = saved
     batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
+    query_flags = _flags_or_dummy(masks.query_blocks, plan.num_query_blocks)
 
-    def query_block(elements):
-        query, upstream, row_log_normaliser, row_delta, query_flags, i = elements
-        query_flags = _real_flags(query_flags, masks.query_blocks)
+    def key_block(d_query, elements):
+        key, value, key_flags, j = elements  # (B, K, bk, H), (B, K, bk, Hv)
+        key_flags = _real_flags(key_flags, masks.key_blocks)
 
-        def key_step(j, d_query):
-            key = ops.take(key_blocks, j, axis=0)  # (B, K, bk, H)
-            value = ops.take(value_blocks, j, axis=0)  # (B, K, bk, Hv)
+        def query_step(carry, elements, i):
+            d_key, d_value = carry
+            query, upstream, row_log_normaliser, row_delta, row_flags = elements
+            # (B, N, bq, H), (B, N, bq, Hv), (B, N, bq, 1) twice, (B, bq)
             weights = _block_weights(
                 query,
                 row_log_normaliser,
@@ -351,52 +385,7 @@ def backward_query(saved, key_blocks, value_blocks, plan, masks, dropout):
                 i,
                 j,
                 masks,
-                query_flags,
-                _take(masks.key_blocks, j),
-            )  # (B, N, bq, bk)
-            d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, bk)
-            if dropout is not None:
-                d_weights = d_weights * dropout.scale(i, j, batch, heads)
-            d_logits = weights * (d_weights - row_delta)  # (B, N, bq, bk)
-            return d_query + _weighted(d_logits, key, plan.groups)
-
-        start, end = masks.key_block_range(i)
-        return _fori_loop(start, end, key_step, ops.zeros_like(query))
-
-    return _map(
-        query_block,
-        (
-            query_blocks,
-            upstream_blocks,
-            log_normaliser,
-            delta,
-            _flags_or_dummy(masks.query_blocks, plan.num_query_blocks),
-            ops.arange(plan.num_query_blocks, dtype="int32"),
-        ),
-    )
-
-
-def backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
-    """Gradients of the key and value blocks: `(nk, B, K, bk, H|Hv)` each."""
-    query_blocks, upstream_blocks, log_normaliser, delta = saved
-    batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
-
-    def key_block(elements):
-        key, value, key_flags, j = elements
-        key_flags = _real_flags(key_flags, masks.key_blocks)
-
-        def query_step(i, carry):
-            d_key, d_value = carry
-            query = ops.take(query_blocks, i, axis=0)  # (B, N, bq, H)
-            upstream = ops.take(upstream_blocks, i, axis=0)  # (B, N, bq, Hv)
-            weights = _block_weights(
-                query,
-                ops.take(log_normaliser, i, axis=0),
-                key,
-                i,
-                j,
-                masks,
-                _take(masks.query_blocks, i),
+                _real_flags(row_flags, masks.query_blocks),
                 key_flags,
             )  # (B, N, bq, bk)
             d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, bk)
@@ -404,20 +393,25 @@ def backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
             if dropout is not None:
                 factors = dropout.scale(i, j, batch, heads)
                 dropped, d_weights = weights * factors, d_weights * factors
-            d_value = d_value + _key_side(
-                dropped, upstream, plan.groups
-            )  # (B, K, bk, Hv)
-            d_logits = weights * (d_weights - ops.take(delta, i, axis=0))
-            d_key = d_key + _key_side(d_logits, query, plan.groups)  # (B, K, bk, H)
-            return d_key, d_value
+            d_value = d_value + _key_side(dropped, upstream, plan.groups)
+            d_logits = weights * (d_weights - row_delta)  # (B, N, bq, bk)
+            d_key = d_key + _key_side(d_logits, query, plan.groups)
+            return (d_key, d_value), _weighted(d_logits, key, plan.groups)
 
         start, end = masks.query_block_range(j)
-        return _fori_loop(
-            start, end, query_step, (ops.zeros_like(key), ops.zeros_like(value))
-        )
+        (d_key, d_value), d_query_block = _scan_range(
+            query_step,
+            (ops.zeros_like(key), ops.zeros_like(value)),
+            (query_blocks, upstream_blocks, log_normaliser, delta, query_flags),
+            start,
+            end,
+            plan.num_query_blocks,
+        )  # (B, K, bk, H), (B, K, bk, Hv), (nq, B, N, bq, H)
+        return d_query + d_query_block, (d_key, d_value)
 
-    return _map(
+    d_query, (d_key, d_value) = _scan(
         key_block,
+        ops.zeros_like(query_blocks),
         (
             key_blocks,
             value_blocks,
@@ -426,3 +420,4 @@ def backward_key_value(saved, key_blocks, value_blocks, plan, masks, dropout):
         ),
         num_outputs=2,
     )
+    return d_query, d_key, d_value

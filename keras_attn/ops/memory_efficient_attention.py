@@ -30,7 +30,7 @@ import numbers
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.ops import _checks, blocked_passes, counter_random
+from keras_attn.ops import _checks, blocked_attention, blocked_passes, counter_random
 from keras_attn.ops.blocked_attention import (
     CAUSAL_KEY_BLOCK_SIZE,
     BlockDropout,
@@ -75,12 +75,17 @@ def memory_efficient_attention(
     Two block layouts:
 
     - `key_block_size=None`: each query block against all the keys, with an
-      ordinary (fused) softmax and a single backward sweep; the fastest
-      layout, with blocks of `B·N·bq·Tk` elements;
+      ordinary (fused) softmax; blocks of `B·N·bq·Tk` elements;
     - `key_block_size=bk`: key blocks with the online softmax; blocks of
-      `B·N·bq·bk` elements whatever the lengths, blocks that the causal mask
-      hides entirely are skipped, and the backward pass takes two sweeps
-      (one for the queries' gradient, one for the keys' and values').
+      `B·N·bq·bk` elements whatever the lengths, and blocks that the causal
+      mask hides entirely are skipped.
+
+    The backward pass is one sweep in FlashAttention-2's order (Dao 2023)
+    either way: key blocks outside, the query blocks that see each inside,
+    five block products per block pair. The first layout's backward pass
+    takes key blocks of its own (`BACKWARD_KEY_BLOCK_SIZE`, with at most
+    `BACKWARD_QUERY_BLOCK_SIZE` query rows unless `query_block_size` is
+    given), so that it never carries a whole length's gradients per step.
 
     With the default `key_block_size="auto"` the causal mask and the sliding
     window get key blocks of `CAUSAL_KEY_BLOCK_SIZE` (skipping the blocks
@@ -239,9 +244,7 @@ def memory_efficient_attention(
     }
     names = tuple(name for name, tensor in inputs.items() if tensor is not None)
 
-    @ops.custom_gradient
-    def attend(query, key, value, *tensors):
-        given = {**dict.fromkeys(inputs), **dict(zip(names, tensors, strict=True))}
+    def _masks_and_dropout(plan, given):
         masks = BlockMasks(
             plan,
             key_padding_mask=given["key_padding_mask"],
@@ -257,69 +260,84 @@ def memory_efficient_attention(
             if given["dropout_seed"] is None
             else BlockDropout(dropout_rate, given["dropout_seed"], plan)
         )
+        return masks, dropout
+
+    @ops.custom_gradient
+    def attend(query, key, value, *tensors):
+        given = {**dict.fromkeys(inputs), **dict(zip(names, tensors, strict=True))}
+        masks, dropout = _masks_and_dropout(plan, given)
         logits_scale = scale if given["scale"] is None else given["scale"]
         # float32 blocks, kept for the backward pass: O(T·H) each.
-        query_blocks = to_blocks(
-            ops.multiply(ops.cast(query, "float32"), ops.cast(logits_scale, "float32")),
-            plan.query_length,
-            plan.query_block,
-            plan.num_query_blocks,
-        )  # (nq, B, N, bq, H), scaled
-        key_blocks = to_blocks(
-            ops.cast(key, "float32"),
-            plan.key_length,
-            plan.key_block,
-            plan.num_key_blocks,
-        )  # (nk, B, K, bk, H)
-        value_blocks = to_blocks(
-            ops.cast(value, "float32"),
-            plan.key_length,
-            plan.key_block,
-            plan.num_key_blocks,
-        )  # (nk, B, K, bk, Hv)
-        if plan.single_key_block:
-            output_blocks = blocked_passes.forward_single(
-                query_blocks, key_blocks[0], value_blocks[0], plan, masks, dropout
-            )  # (nq, B, N, bq, Hv)
-        else:
-            output_blocks, log_normaliser = blocked_passes.forward(
-                query_blocks, key_blocks, value_blocks, plan, masks, dropout
-            )  # (nq, B, N, bq, Hv), (nq, B, N, bq, 1)
-        outputs = ops.cast(
-            from_blocks(output_blocks, plan.query_length), value.dtype
-        )  # (B, Tq, N, Hv)
+        scaled_query = ops.multiply(
+            ops.cast(query, "float32"), ops.cast(logits_scale, "float32")
+        )  # (B, Tq, N, H)
+        query_blocks, key_blocks, value_blocks = _blocks(
+            plan, scaled_query, ops.cast(key, "float32"), ops.cast(value, "float32")
+        )  # (nq, B, N, bq, H), (nk, B, K, bk, H), (nk, B, K, bk, Hv)
+        forward = (
+            blocked_passes.forward_single
+            if plan.single_key_block
+            else blocked_passes.forward
+        )
+        output_blocks, log_normaliser = forward(
+            query_blocks,
+            key_blocks[0] if plan.single_key_block else key_blocks,
+            value_blocks[0] if plan.single_key_block else value_blocks,
+            plan,
+            masks,
+            dropout,
+        )  # (nq, B, N, bq, Hv), (nq, B, N, bq, 1)
+        output_rows = from_blocks(output_blocks, plan.query_length)  # (B, Tq, N, Hv)
+        outputs = ops.cast(output_rows, value.dtype)
 
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            upstream_blocks = to_blocks(
-                ops.cast(upstream, "float32"),
-                plan.query_length,
-                plan.query_block,
-                plan.num_query_blocks,
-            )  # (nq, B, N, bq, Hv)
             # Δ_i = Σ_d dO_id · O_id, the softmax-gradient correction per row.
-            delta = ops.sum(
-                ops.multiply(upstream_blocks, output_blocks), axis=-1, keepdims=True
-            )  # (nq, B, N, bq, 1)
-            if plan.single_key_block:
-                d_query, d_key, d_value = blocked_passes.backward_single(
-                    (query_blocks, upstream_blocks, delta),
-                    key_blocks[0],
-                    value_blocks[0],
-                    plan,
-                    masks,
-                    dropout,
-                )  # (nq, B, N, bq, H), (B, K, Tk, H), (B, K, Tk, Hv)
-                d_key, d_value = d_key[None], d_value[None]
+            upstream = ops.cast(upstream, "float32")  # (B, Tq, N, Hv)
+            delta = ops.sum(upstream * output_rows, axis=-1, keepdims=True)
+            # The one-block layout's backward pass takes key blocks too.
+            backward_plan = blocked_attention.backward_plan(
+                plan, query_block_size, batch * query.shape[2]
+            )
+            if backward_plan is plan:
+                backward_masks, backward_dropout = masks, dropout
+                saved = (query_blocks, key_blocks, value_blocks)
+                row_log_normaliser = log_normaliser
             else:
-                saved = (query_blocks, upstream_blocks, log_normaliser, delta)
-                d_query = blocked_passes.backward_query(
-                    saved, key_blocks, value_blocks, plan, masks, dropout
+                backward_masks, backward_dropout = _masks_and_dropout(
+                    backward_plan, given
                 )
-                d_key, d_value = blocked_passes.backward_key_value(
-                    saved, key_blocks, value_blocks, plan, masks, dropout
+                saved = _blocks(
+                    backward_plan,
+                    scaled_query,
+                    ops.cast(key, "float32"),
+                    ops.cast(value, "float32"),
                 )
+                row_log_normaliser = to_blocks(
+                    from_blocks(log_normaliser, plan.query_length),
+                    backward_plan.query_length,
+                    backward_plan.query_block,
+                    backward_plan.num_query_blocks,
+                )
+            rows = (
+                backward_plan.query_length,
+                backward_plan.query_block,
+                backward_plan.num_query_blocks,
+            )
+            d_query, d_key, d_value = blocked_passes.backward(
+                (
+                    saved[0],
+                    to_blocks(upstream, *rows),
+                    row_log_normaliser,
+                    to_blocks(delta, *rows),
+                ),
+                saved[1],
+                saved[2],
+                backward_plan,
+                backward_masks,
+                backward_dropout,
+            )  # (nq, B, N, bq, H), (nk, B, K, bk, H), (nk, B, K, bk, Hv)
             d_query = ops.multiply(
                 from_blocks(d_query, plan.query_length),
                 ops.cast(logits_scale, "float32"),
@@ -334,3 +352,13 @@ def memory_efficient_attention(
         return outputs, grad
 
     return attend(query, key, value, *(inputs[name] for name in names))
+
+
+def _blocks(plan, query, key, value):
+    """`query` `(B, Tq, N, H)`, `key` and `value` `(B, Tk, K, H|Hv)` cut into
+    the plan's blocks: `(nq, B, N, bq, H)`, `(nk, B, K, bk, H|Hv)`."""
+    return (
+        to_blocks(query, plan.query_length, plan.query_block, plan.num_query_blocks),
+        to_blocks(key, plan.key_length, plan.key_block, plan.num_key_blocks),
+        to_blocks(value, plan.key_length, plan.key_block, plan.num_key_blocks),
+    )

@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_attn.ops import causal_mask, dot_product_attention, sliding_window_mask
+from keras_attn.ops import (
+    blocked_attention,
+    causal_mask,
+    dot_product_attention,
+    sliding_window_mask,
+)
 from keras_attn.ops import memory_efficient_attention as attention
 from keras_attn.ops.softmax import masked_softmax
 from tests.test_case import outputs_and_gradients, to_numpy
@@ -40,8 +45,20 @@ WINDOW = 3  # keys within 2 positions of the query's (spans one or two key block
 LAYOUTS = {
     "key_blocks": {"query_block_size": 4, "key_block_size": 3},
     "all_keys": {"query_block_size": 4, "key_block_size": None},
+    # All the keys in the forward pass, the backward pass's own key blocks
+    # (see `backward_blocks`): another layout than the forward's.
+    "all_keys_backward_blocks": {"key_block_size": None},
     "defaults": {},
 }
+
+
+@pytest.fixture
+def backward_blocks(monkeypatch):
+    """The backward pass of the one-block layout in key blocks of 5 and
+    query blocks of 3 (13 keys: 3 blocks, the last padded; 11 queries: 4),
+    where the forward pass takes its default query blocks (all 11)."""
+    monkeypatch.setattr(blocked_attention, "BACKWARD_KEY_BLOCK_SIZE", 5)
+    monkeypatch.setattr(blocked_attention, "BACKWARD_QUERY_BLOCK_SIZE", 3)
 
 
 def mask_case(kind):
@@ -138,9 +155,12 @@ ALL_KEYS_KINDS = [
 @pytest.mark.parametrize(
     ("kind", "layout"),
     [(kind, "key_blocks") for kind in MASK_KINDS]
-    + [(kind, "all_keys") for kind in ALL_KEYS_KINDS],
+    + [(kind, "all_keys") for kind in ALL_KEYS_KINDS]
+    + [(kind, "all_keys_backward_blocks") for kind in MASK_KINDS],
 )
-def test_outputs_and_gradients_equal_the_explicit_path(kind, layout):
+def test_outputs_and_gradients_equal_the_explicit_path(kind, layout, request):
+    if layout == "all_keys_backward_blocks":
+        request.getfixturevalue("backward_blocks")
     kwargs, full = mask_case(kind)
 
     def efficient(q, k, v):
@@ -234,8 +254,17 @@ def one_hot_values():
     return np.tile(np.eye(TK, dtype="float32")[None, :, None, :], (B, 1, N, 1))
 
 
-@pytest.mark.parametrize("layout", ["key_blocks", "all_keys"])
-def test_dropout_keeps_or_rescales_each_weight_and_the_gradient_follows(layout):
+@pytest.mark.parametrize(
+    "layout", ["key_blocks", "all_keys", "all_keys_backward_blocks"]
+)
+def test_dropout_keeps_or_rescales_each_weight_and_the_gradient_follows(
+    layout, request
+):
+    """The keep mask is a function of positions: the backward pass, in
+    other blocks than the forward's (`all_keys_backward_blocks`), drops
+    the same weights."""
+    if layout == "all_keys_backward_blocks":
+        request.getfixturevalue("backward_blocks")
     kwargs, full = mask_case("combined")
     values = one_hot_values()
 
@@ -315,16 +344,19 @@ def grouped_case(kind):
         ("explicit_per_head", "key_blocks"),
         ("combined", "all_keys"),
         ("explicit_per_head", "all_keys"),
+        ("combined", "all_keys_backward_blocks"),
         ("causal_offset", "defaults"),
     ],
 )
 def test_grouped_heads_equal_repeated_heads_and_the_explicit_path(
-    kind, layout, key_heads
+    kind, layout, key_heads, request
 ):
     """Keys and values of `K` heads, as they are, give what the same call on
     heads repeated to 6 gives (the old way) and what the explicit path gives;
     the key and value gradients `(B, Tk, K, H)` are the repeated heads'
     gradients summed over each group."""
+    if layout == "all_keys_backward_blocks":
+        request.getfixturevalue("backward_blocks")
     kwargs, full = grouped_case(kind)
     groups = 6 // key_heads
     inputs = (Q6, K3[:, :, :key_heads], V3[:, :, :key_heads])
