@@ -1,14 +1,17 @@
-"""Long-sequence self-attention: memory and time of the attention paths.
+"""Long-sequence self-attention: memory, time and GFLOP/s of the attention paths.
 
-Forward+backward of one self-attention layer (batch 1, d_model 256, 8 heads,
-no mask unless `--causal`) at each length, in float32 and mixed_bfloat16,
-through the layers users get:
+Two levels (`--level`), on TensorFlow or JAX (`--backend`), causal or not
+(`--causal`), per length and dtype policy (float32, mixed_bfloat16).
+
+`--level layer` (the default): forward+backward of one self-attention layer
+(batch 1, d_model 256, 8 heads), gradients of its weights, through the
+layers users get:
 
 - `keras`: `keras.layers.MultiHeadAttention`;
 - `explicit`: `keras_attn.layers.MultiHeadAttention(flash_attention=False)`,
   which materialises the `(B, N, T, T)` weights;
 - `memory_efficient`: `keras_attn.layers.MultiHeadAttention(flash_attention=True)`:
-  on TensorFlow (no fused kernel) the memory-efficient path at every length;
+  on a CPU (no fused kernel) the memory-efficient path at every length;
 - `auto` (not run by default): `flash_attention=None`, the path the layer
   takes by itself (`keras_attn.ops.attention_path`: memory-efficient from
   the switch-over length on).
@@ -17,21 +20,60 @@ through the layers users get:
 other block sizes (`QxK` query and key block sizes, `all` for all the keys in
 one block), called inside `SelfAttention` below (Keras's `EinsumDense`
 projections) since the layer takes the default blocks. All paths get the
-Keras layer's weights, and the outputs are checked to agree.
+Keras layer's weights.
+
+`--level op`: the attention op alone on `(1, T, 8, 32)` query, key and value
+(float32, or bfloat16 for a bfloat16 policy), forward+backward of
+`sum(outputs * cotangent)` (gradients of the query, key and value):
+
+- `keras`: `keras.ops.dot_product_attention(q, k, v, is_causal=...)`;
+- `memory_efficient`: `keras_attn.ops.memory_efficient_attention(q, k, v,
+  causal=...)`;
+- `torch` (when `import torch` works, else a note): PyTorch's CPU
+  `torch.nn.functional.scaled_dot_product_attention(..., is_causal=...)`,
+  eager, `torch.set_num_threads` the number of cores;
+- `explicit` (not run by default): `keras_attn.ops.dot_product_attention(...,
+  flash_attention=False)`.
+
+The outputs of the paths are checked to agree (`max diff`: the largest
+difference from the first path's).
 
 Memory: the peak resident memory above the process's baseline (the layer
-built, the inputs made), measured for each point in its own process. Before
-starting a point, its size is predicted (from the same path at a shorter
-length, else from the size of its largest tensors) and the point is skipped,
-with a note, when it would not fit the memory available, rather than trigger
-the out-of-memory killer. Time: the median of `--rounds` forward+backward
-steps inside `tf.function`, the paths that fit timed alternately in one
-process per length and policy.
+built or the op's inputs made), measured for each point in its own process
+(KERAS_BACKEND set to `--backend` before Keras is imported; a `torch` point
+imports neither Keras nor its backend). Before starting a point, its size is
+predicted (from the same path at a shorter length, else from the size of its
+largest tensors) and the point is skipped, with a note, when it would not fit
+the memory available, rather than trigger the out-of-memory killer.
+
+Time: the median of `--rounds` forward+backward steps, compiled (in
+`tf.function` on TensorFlow, `jax.jit(jax.value_and_grad(...))` on JAX; the
+`torch` path eager), the paths that fit timed alternately in one process per
+length and policy (this one, KERAS_BACKEND set to `--backend` first).
+
+GFLOP/s: attention's useful work, `4·T²·d_model` (the `q·kᵀ` and weights·`v`
+products, d_model 256) forward, times 3.5 with the backward, times 0.5 when causal,
+over the median time (at the layer level the projections are not counted).
+Share: GFLOP/s over the float32 matmul peak measured in the timing process
+just before the paths are timed (the best of 5 runs of a compiled
+`--peak-size`² float32 matmul, 2048 by default, arguments passed in); rows of
+a bfloat16 policy also get the share of the bfloat16 matmul peak, measured
+alike. The header gives the CPU model and whether it has avx512_bf16 and AMX.
 
     .venv/bin/python benchmarks/long_attention_bench.py \\
+        [--backend tensorflow|jax] [--level layer|op] \\
         [--lengths 1024 2048 4096 8192 16384] [--policies float32 mixed_bfloat16] \\
-        [--paths keras explicit memory_efficient auto] [--blocks 256xall 512x512] \\
-        [--rounds 5] [--causal] [--json results.json]
+        [--paths keras explicit memory_efficient auto torch] \\
+        [--blocks 256xall 512x512] \\
+        [--rounds 5] [--causal] [--peak-size 2048] [--json results.json]
+
+For example, issue 46's table at 8k and 32k, full and causal, on both backends:
+
+    for backend in tensorflow jax; do for causal in "" --causal; do
+      .venv/bin/python benchmarks/long_attention_bench.py --backend $backend \\
+          --level op --lengths 8192 32768 --rounds 5 $causal \\
+          --json long-op-$backend${causal:+-causal}.json
+    done; done
 """
 
 from __future__ import annotations
@@ -157,15 +199,33 @@ def SelfAttention(attend, **kwargs):
     return _SelfAttention(**kwargs)
 
 
-def make_step(layer, inputs, causal: bool):
-    """A compiled forward+backward step (gradients of the layer's weights)."""
+def backend() -> str:
     import keras
+
+    return keras.backend.backend()
+
+
+def forward_call(layer, inputs, causal: bool, call=None):
+    """The layer's forward pass (through `call`: the layer, or a stateless
+    call with the variables bound)."""
+    import keras
+
+    call = layer if call is None else call
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return call(inputs, inputs, use_causal_mask=causal)
+    return call(inputs)
+
+
+def make_step(layer, inputs, causal: bool):
+    """`(forward, step)`: the compiled forward pass, and a compiled
+    forward+backward step (gradients of the layer's weights) that waits for
+    its results."""
+    if backend() == "jax":
+        return _make_jax_step(layer, inputs, causal)
     import tensorflow as tf
 
     def forward():
-        if isinstance(layer, keras.layers.MultiHeadAttention):
-            return layer(inputs, inputs, use_causal_mask=causal)
-        return layer(inputs)
+        return forward_call(layer, inputs, causal)
 
     @tf.function
     def step():
@@ -180,12 +240,263 @@ def make_step(layer, inputs, causal: bool):
     return tf.function(forward), run
 
 
+def _make_jax_step(layer, inputs, causal: bool):
+    """`jax.jit(jax.value_and_grad(...))` over the layer's stateless call,
+    the variables' current values and the inputs passed in as arguments."""
+    import jax
+    import jax.numpy as jnp
+
+    if not layer.built:
+        forward_call(layer, inputs[:, :8], causal)
+    trainable = [variable.value for variable in layer.trainable_variables]
+    non_trainable = [variable.value for variable in layer.non_trainable_variables]
+
+    def outputs(trainable, non_trainable, inputs):
+        def call(*args, **kwargs):
+            return layer.stateless_call(trainable, non_trainable, *args, **kwargs)[0]
+
+        return forward_call(layer, inputs, causal, call=call)
+
+    def loss(trainable, non_trainable, inputs):
+        return jnp.sum(outputs(trainable, non_trainable, inputs).astype("float32"))
+
+    forward = jax.jit(outputs)
+    step = jax.jit(jax.value_and_grad(loss))
+
+    def run():
+        jax.block_until_ready(step(trainable, non_trainable, inputs))
+
+    return (lambda: forward(trainable, non_trainable, inputs)), run
+
+
+def build_on_short_input(layer, inputs, causal: bool):
+    """Builds the layer's weights (on 8 positions)."""
+    if backend() == "jax":
+        forward_call(layer, inputs[:, :8], causal)
+    else:
+        make_step(layer, inputs[:, :8], causal)[1]()
+
+
 def make_inputs(length: int):
+    import keras
     import numpy as np
-    import tensorflow as tf
 
     data = np.random.default_rng(0).normal(size=(BATCH, length, MODEL_DIM))
-    return tf.constant(data, "float32")
+    return keras.ops.convert_to_tensor(data.astype("float32"))
+
+
+# -- the op level -------------------------------------------------------------------
+
+OP_PATHS = ("keras", "explicit", "memory_efficient", "torch")
+
+
+def compute_dtype(policy: str) -> str:
+    """`"float32"` -> `"float32"`, `"mixed_bfloat16"` -> `"bfloat16"`."""
+    return "float32" if policy == "float32" else policy.split("_")[-1]
+
+
+def op_arrays(length: int, policy: str) -> dict:
+    """Query, key and value `(B, T, N, H)` and the cotangent of the outputs,
+    NumPy float32; for a 16-bit policy the inputs are rounded to its dtype
+    here, so that every path gets exactly the same values."""
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape = (BATCH, length, HEADS, HEAD_DIM)
+    arrays = {
+        name: rng.normal(size=shape).astype("float32")
+        for name in ("query", "key", "value", "cotangent")
+    }
+    dtype = compute_dtype(policy)
+    if dtype != "float32":
+        rounding = getattr(ml_dtypes, dtype, None) or np.dtype(dtype)
+        for name in ("query", "key", "value"):
+            arrays[name] = arrays[name].astype(rounding).astype("float32")
+    return arrays
+
+
+def op_function(path: str, causal: bool):
+    """`attend(query, key, value) -> outputs` of a Keras-backend op path."""
+    import keras
+
+    from keras_attn.ops import dot_product_attention, memory_efficient_attention
+
+    if path == "keras":
+        return lambda q, k, v: keras.ops.dot_product_attention(
+            q, k, v, is_causal=causal
+        )
+    if path == "explicit":
+        return lambda q, k, v: dot_product_attention(
+            q, k, v, is_causal=causal, flash_attention=False
+        )
+    if path == "memory_efficient":
+        return lambda q, k, v: memory_efficient_attention(q, k, v, causal=causal)
+    if path.startswith("memory_efficient["):  # a --blocks variant
+        query_block, key_block = parse_blocks(path[len("memory_efficient[") : -1])
+        return lambda q, k, v: memory_efficient_attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            query_block_size=query_block,
+            key_block_size=key_block,
+        )
+    raise ValueError(f"no op path {path!r}")
+
+
+def make_op_step(path: str, arrays: dict, policy: str, causal: bool):
+    """`(forward, step)` of an op path: its outputs as NumPy float32
+    `(B, T, N, H)`, and a forward+backward step of `sum(outputs * cotangent)`
+    (gradients of query, key and value) that waits for its results. The
+    inputs are made here, before the step is first called."""
+    if path == "torch":
+        return _make_torch_step(arrays, policy, causal)
+    import numpy as np
+
+    attend = op_function(path, causal)
+    dtype = compute_dtype(policy)
+    if backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        q, k, v = (jnp.asarray(arrays[n], dtype) for n in ("query", "key", "value"))
+        cotangent = jnp.asarray(arrays["cotangent"])
+
+        def loss(q, k, v, cotangent):
+            return jnp.sum(attend(q, k, v).astype("float32") * cotangent)
+
+        forward = jax.jit(attend)
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+        def run():
+            jax.block_until_ready(step(q, k, v, cotangent))
+
+    else:
+        import tensorflow as tf
+
+        q, k, v = (
+            tf.cast(tf.constant(arrays[n]), dtype) for n in ("query", "key", "value")
+        )
+        cotangent = tf.constant(arrays["cotangent"])
+        forward = tf.function(attend)
+
+        @tf.function
+        def step(q, k, v, cotangent):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                loss = tf.reduce_sum(tf.cast(attend(q, k, v), "float32") * cotangent)
+            return tape.gradient(loss, [q, k, v])
+
+        def run():
+            for gradient in step(q, k, v, cotangent):
+                gradient.numpy()
+
+    return (lambda: np.asarray(forward(q, k, v), "float32")), run
+
+
+def torch_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def torch_available() -> str | None:
+    """None when `import torch` works, else why not."""
+    try:
+        import torch  # noqa: F401
+    except Exception as error:  # ImportError, or a broken installation
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _make_torch_step(arrays: dict, policy: str, causal: bool):
+    """PyTorch's `scaled_dot_product_attention` on the CPU, eager, on
+    `(B, N, T, H)` tensors (its layout)."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(torch_threads())
+    dtype = getattr(torch, compute_dtype(policy))
+
+    def heads_first(x):
+        return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1, 3)))
+
+    q, k, v = (
+        heads_first(arrays[n]).to(dtype).requires_grad_()
+        for n in ("query", "key", "value")
+    )
+    cotangent = heads_first(arrays["cotangent"])
+    attend = torch.nn.functional.scaled_dot_product_attention
+
+    def forward():
+        with torch.no_grad():
+            outputs = attend(q, k, v, is_causal=causal)
+        return outputs.float().transpose(1, 2).numpy()
+
+    def run():
+        loss = torch.sum(attend(q, k, v, is_causal=causal).float() * cotangent)
+        torch.autograd.grad(loss, (q, k, v))
+
+    return forward, run
+
+
+# -- useful work and the matmul peak ----------------------------------------------
+
+
+def useful_flops(length: int, causal: bool) -> float:
+    """Attention's useful work in a forward+backward step: `4·T²·d_model`
+    forward (`q·kᵀ` and weights·`v`), times 3.5 with the backward (the
+    recomputation of the weights and the four gradient products), times 0.5
+    when causal."""
+    flops = 4 * BATCH * length**2 * MODEL_DIM * 3.5
+    return flops / 2 if causal else flops
+
+
+def matmul_peak(dtype: str, size: int = 2048, runs: int = 5) -> float:
+    """FLOP/s of a compiled `size`² matmul in `dtype` on the Keras backend,
+    the best of `runs` runs after one to compile; the matrices are passed in
+    as arguments (nothing for the compiler to fold)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, size, size)).astype("float32")
+    if backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        a, b = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
+        matmul = jax.jit(jnp.matmul)
+
+        def call():
+            matmul(a, b).block_until_ready()
+
+    else:
+        import tensorflow as tf
+
+        a, b = tf.cast(tf.constant(a), dtype), tf.cast(tf.constant(b), dtype)
+        matmul = tf.function(lambda a, b: tf.matmul(a, b))
+
+        def call():
+            matmul(a, b)[0, 0].numpy()
+
+    call()
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def add_rates(row: dict, causal: bool) -> None:
+    """GFLOP/s of a timed row and its shares of the matmul peaks."""
+    row["gflops"] = useful_flops(row["length"], causal) / row["seconds"] / 1e9
+    row["share"] = row["gflops"] / row["peak_gflops"]
+    dtype = compute_dtype(row["policy"])
+    if f"{dtype}_peak_gflops" in row:
+        row[f"{dtype}_share"] = row["gflops"] / row[f"{dtype}_peak_gflops"]
 
 
 # -- memory: one process per point ------------------------------------------------
@@ -199,14 +510,18 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure_point(path: str, length: int, policy: str, causal: bool) -> dict:
+def measure_point(
+    path: str, length: int, policy: str, causal: bool, level: str = "layer"
+) -> dict:
     """Peak resident memory above the baseline of two forward+backward steps
-    (the first one traces)."""
-    inputs = make_inputs(length)
-    layer = build_layer(path, policy, causal)
-    _, step = make_step(layer, inputs[:, :8], causal)
-    step()  # builds the layer on a short input
-    _, step = make_step(layer, inputs, causal)
+    (the first one traces or compiles)."""
+    if level == "op":
+        _, step = make_op_step(path, op_arrays(length, policy), policy, causal)
+    else:
+        inputs = make_inputs(length)
+        layer = build_layer(path, policy, causal)
+        build_on_short_input(layer, inputs, causal)
+        _, step = make_step(layer, inputs, causal)
     # Reset the peak (VmHWM) to the current resident size (Linux >= 4.0).
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")
@@ -218,6 +533,8 @@ def measure_point(path: str, length: int, policy: str, causal: bool) -> dict:
     return {
         "peak_bytes": _status_bytes("VmHWM") - baseline,
         "first_step_seconds": first,
+        # The backend this process ran (None: a torch point, Keras not imported).
+        "point_backend": backend() if "keras" in sys.modules else None,
     }
 
 
@@ -254,7 +571,9 @@ def predicted_bytes(path: str, length: int, policy: str, measured: dict) -> int:
     return int(64 * BATCH * length * MODEL_DIM * 4 + 256 * 2**20)
 
 
-def run_point(path, length, policy, causal, timeout) -> dict:
+def run_point(
+    path, length, policy, causal, timeout, level="layer", keras_backend="tensorflow"
+):
     command = [
         sys.executable,
         os.path.abspath(__file__),
@@ -262,10 +581,19 @@ def run_point(path, length, policy, causal, timeout) -> dict:
         path,
         str(length),
         policy,
+        "--level",
+        level,
+        "--backend",
+        keras_backend,
     ] + (["--causal"] if causal else [])
     try:
         result = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, check=False
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={**os.environ, "KERAS_BACKEND": keras_backend},
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
@@ -278,37 +606,73 @@ def run_point(path, length, policy, causal, timeout) -> dict:
 # -- time: the paths that fit, alternately in one process ---------------------------
 
 
-def time_paths(paths, length, policy, causal, rounds) -> dict:
-    """Median seconds per step of each path, and each path's largest output
-    difference from the first path's (same weights)."""
+def time_paths(
+    paths, length, policy, causal, rounds, level="layer", peak_size=2048
+) -> dict:
+    """Median seconds per step of each path, each path's largest output
+    difference from the first path's (same weights, same inputs), and the
+    matmul peaks (FLOP/s) measured just before, in this process."""
     import numpy as np
     from _timing import alternate
 
-    inputs = make_inputs(length)
-    layers = {path: build_layer(path, policy, causal) for path in paths}
-    reference_weights = None
     forwards, steps, outputs = {}, {}, {}
-    for path, layer in layers.items():
-        make_step(layer, inputs[:, :8], causal)[1]()  # build
-        if reference_weights is None:
-            reference_weights = layer.get_weights()
-        else:
-            layer.set_weights(reference_weights)
-        forwards[path], steps[path] = make_step(layer, inputs, causal)
-        outputs[path] = np.asarray(forwards[path](), "float32")
+    if level == "op":
+        arrays = op_arrays(length, policy)
+        for path in paths:
+            forwards[path], steps[path] = make_op_step(path, arrays, policy, causal)
+            outputs[path] = forwards[path]()
+    else:
+        inputs = make_inputs(length)
+        layers = {path: build_layer(path, policy, causal) for path in paths}
+        reference_weights = None
+        for path, layer in layers.items():
+            build_on_short_input(layer, inputs, causal)
+            if reference_weights is None:
+                reference_weights = layer.get_weights()
+            else:
+                layer.set_weights(reference_weights)
+            forwards[path], steps[path] = make_step(layer, inputs, causal)
+            outputs[path] = np.asarray(forwards[path](), "float32")
     first = outputs[paths[0]]
     differences = {
         path: float(np.max(np.abs(output - first))) for path, output in outputs.items()
     }
+    peaks = {"float32": matmul_peak("float32", peak_size)}
+    dtype = compute_dtype(policy)
+    if dtype != "float32":
+        peaks[dtype] = matmul_peak(dtype, peak_size)
     medians = alternate(steps, rounds=rounds, warmup=1, inner=1)
-    return {"seconds": medians, "max_difference": differences}
+    return {
+        "seconds": medians,
+        "max_difference": differences,
+        "peaks": peaks,
+        "backend": backend(),
+    }
 
 
 # -- report ---------------------------------------------------------------------
 
 
-def main():
+LAYER_DEFAULT_PATHS = ["keras", "explicit", "memory_efficient"]
+OP_DEFAULT_PATHS = ["keras", "memory_efficient", "torch"]
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--backend",
+        choices=["tensorflow", "jax"],
+        default="tensorflow",
+        help="the Keras backend (KERAS_BACKEND of this process and of the "
+        "per-point processes)",
+    )
+    parser.add_argument(
+        "--level",
+        choices=["layer", "op"],
+        default="layer",
+        help="a self-attention layer (projections included) or the attention "
+        "op alone on (1, T, 8, 32) inputs",
+    )
     parser.add_argument(
         "--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384]
     )
@@ -316,8 +680,9 @@ def main():
     parser.add_argument(
         "--paths",
         nargs="+",
-        default=["keras", "explicit", "memory_efficient"],
-        choices=["keras", *LAYER_PATHS],
+        choices=sorted({"keras", *LAYER_PATHS, *OP_PATHS}),
+        help=f"default: {' '.join(LAYER_DEFAULT_PATHS)} (layer level), "
+        f"{' '.join(OP_DEFAULT_PATHS)} (op level; torch when installed)",
     )
     parser.add_argument(
         "--blocks",
@@ -328,6 +693,12 @@ def main():
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--causal", action="store_true", help="causal self-attention")
+    parser.add_argument(
+        "--peak-size",
+        type=int,
+        default=2048,
+        help="size of the square matmul whose FLOP/s is the peak",
+    )
     parser.add_argument(
         "--memory-fraction",
         type=float,
@@ -340,20 +711,67 @@ def main():
     parser.add_argument(
         "--point", nargs=3, metavar=("PATH", "LENGTH", "POLICY"), help=argparse.SUPPRESS
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+
+    # Before Keras is imported (a torch point imports neither).
+    os.environ["KERAS_BACKEND"] = args.backend
+    if "keras" in sys.modules and backend() != args.backend:
+        parser.error(
+            f"Keras was imported with the {backend()} backend before "
+            f"--backend {args.backend}: run the script in its own process"
+        )
 
     if args.point:
         path, length, policy = args.point
-        print(json.dumps(measure_point(path, int(length), policy, args.causal)))
-        return
+        print(
+            json.dumps(
+                measure_point(path, int(length), policy, args.causal, args.level)
+            )
+        )
+        return None
 
-    paths = list(args.paths) + [path_name(blocks) for blocks in args.blocks]
-    print(
-        f"batch {BATCH}, d_model {MODEL_DIM}, {HEADS} heads, "
-        f"{'causal' if args.causal else 'no mask'}, forward+backward in "
-        f"tf.function; time: median of {args.rounds} rounds"
+    allowed = OP_PATHS if args.level == "op" else ("keras", *LAYER_PATHS)
+    requested = args.paths or (
+        OP_DEFAULT_PATHS if args.level == "op" else LAYER_DEFAULT_PATHS
     )
-    measured, results, notes = {}, [], []
+    wrong = [path for path in requested if path not in allowed]
+    if wrong:
+        parser.error(
+            f"--paths {' '.join(wrong)}: not at the {args.level} level "
+            f"(it has {', '.join(allowed)})"
+        )
+    notes = []
+    if "torch" in requested:
+        missing = torch_available()
+        if missing is not None:
+            requested = [path for path in requested if path != "torch"]
+            notes.append(f"no torch path: `import torch` failed ({missing})")
+            print(notes[-1], flush=True)
+    paths = list(requested) + [path_name(blocks) for blocks in args.blocks]
+
+    from _timing import machine
+
+    info = machine()
+    amx = info["amx_tile"] or info["amx_bf16"]
+    step = (
+        "jax.jit(jax.value_and_grad)" if args.backend == "jax" else "tf.function"
+    ) + (" (torch eager)" if "torch" in paths else "")
+    what = (
+        f"the attention op on ({BATCH}, T, {HEADS}, {HEAD_DIM}) inputs"
+        if args.level == "op"
+        else f"a self-attention layer, batch {BATCH}, d_model {MODEL_DIM}, "
+        f"{HEADS} heads"
+    )
+    print(
+        f"{args.backend}: {what}, {'causal' if args.causal else 'no mask'}, "
+        f"forward+backward in {step}; time: median of {args.rounds} rounds; "
+        f"GFLOP/s of 4·T²·{MODEL_DIM}·3.5{'·0.5' if args.causal else ''}; "
+        f"peak: best of 5 {args.peak_size}² matmuls\n"
+        f"CPU: {info['cpu']}, {info['cpus']} CPUs, "
+        f"avx512_bf16 {'present' if info['avx512_bf16'] else 'absent'}, "
+        f"AMX {'present' if amx else 'absent'}"
+    )
+    measured, results = {}, []
     for length in sorted(args.lengths):
         for policy in args.policies:
             fitting = []
@@ -364,6 +782,9 @@ def main():
                     "length": length,
                     "policy": policy,
                     "path": path,
+                    "backend": args.backend,
+                    "level": args.level,
+                    "causal": args.causal,
                     "predicted_bytes": predicted,
                 }
                 if predicted > budget:
@@ -377,7 +798,15 @@ def main():
                     print(note, flush=True)
                 else:
                     row.update(
-                        run_point(path, length, policy, args.causal, args.timeout)
+                        run_point(
+                            path,
+                            length,
+                            policy,
+                            args.causal,
+                            args.timeout,
+                            level=args.level,
+                            keras_backend=args.backend,
+                        )
                     )
                     measured[(path, length, policy)] = row.get("peak_bytes")
                     if "peak_bytes" in row:
@@ -388,13 +817,27 @@ def main():
                         )
                 results.append(row)
             if fitting:
-                timing = time_paths(fitting, length, policy, args.causal, args.rounds)
+                timing = time_paths(
+                    fitting,
+                    length,
+                    policy,
+                    args.causal,
+                    args.rounds,
+                    level=args.level,
+                    peak_size=args.peak_size,
+                )
                 for row in results:
                     if (row["length"], row["policy"]) == (length, policy) and (
                         row["path"] in timing["seconds"]
                     ):
                         row["seconds"] = timing["seconds"][row["path"]]
+                        row["backend"] = timing["backend"]  # the one that ran
                         row["max_difference"] = timing["max_difference"][row["path"]]
+                        row["peak_gflops"] = timing["peaks"]["float32"] / 1e9
+                        for dtype, peak in timing["peaks"].items():
+                            if dtype != "float32":
+                                row[f"{dtype}_peak_gflops"] = peak / 1e9
+                        add_rates(row, args.causal)
             print_rows(
                 [r for r in results if (r["length"], r["policy"]) == (length, policy)]
             )
@@ -405,22 +848,24 @@ def main():
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)
+    return results
 
 
 def print_rows(rows, header=False):
     by_key = {(r["length"], r["policy"], r["path"]): r for r in rows}
     if header:
         print(
-            "| length | policy | path | peak MiB | ms | time / explicit "
-            "| time / keras | memory / keras | max diff |"
+            "| length | policy | path | peak MiB | ms | GFLOP/s "
+            "| share of f32 peak | share of bf16 peak | matmul peak GFLOP/s "
+            "| time / explicit | time / keras | memory / keras | max diff |"
         )
-        print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if "seconds" not in row:
             reason = row.get("skipped") or row.get("error", "")
             print(
                 f"| {row['length']} | {row['policy']} | {row['path']} | — | — "
-                f"| | | | {reason} |"
+                f"| | | | | | | | {reason} |"
             )
             continue
         explicit = by_key.get((row["length"], row["policy"], "explicit"), {})
@@ -429,9 +874,16 @@ def print_rows(rows, header=False):
         def ratio(other, field, row=row):
             return f"{row[field] / other[field]:.2f}" if field in other else "—"
 
+        bf16_share = f"{row['bfloat16_share']:.1%}" if "bfloat16_share" in row else "—"
+        peaks = f"{row['peak_gflops']:.0f}" + (
+            f" / {row['bfloat16_peak_gflops']:.0f}"
+            if "bfloat16_peak_gflops" in row
+            else ""
+        )
         print(
             f"| {row['length']} | {row['policy']} | {row['path']} "
-            f"| {row['peak_bytes'] / 2**20:.0f} | {row['seconds'] * 1e3:.0f} "
+            f"| {row['peak_bytes'] / 2**20:.0f} | {row['seconds'] * 1e3:.1f} "
+            f"| {row['gflops']:.1f} | {row['share']:.1%} | {bf16_share} | {peaks} "
             f"| {ratio(explicit, 'seconds')} | {ratio(keras_row, 'seconds')} "
             f"| {ratio(keras_row, 'peak_bytes')} | {row['max_difference']:.1e} |"
         )
