@@ -611,18 +611,11 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         until)` prefills and decodes until the index reaches `until`;
         `advance(state, until)` goes on; both return `(state, tokens,
         index, running)` (`keras_attn.models.streaming.stream_pieces`)."""
-        stop_ids = (END_ID,)
+
+        from keras_attn.models import streaming
 
         def chunk(next_fn, state, until):
-            state = sampler.decode(
-                next_fn, state, stop_ids=stop_ids, pad_token_id=PAD_ID, until=until
-            )
-            return (
-                state,
-                sampler.decided_tokens(state, stop_ids=stop_ids),
-                state["index"],
-                sampler.running(state, stop_ids=stop_ids),
-            )
+            return streaming.decode_chunk(sampler, next_fn, state, until)
 
         def build_start():
             def start(prompt, lengths, seed, until):

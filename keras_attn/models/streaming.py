@@ -151,6 +151,23 @@ def byte_pieces(tokenizer) -> dict[int, int] | None:
     return found
 
 
+def decode_chunk(sampler, next_fn, state, until):
+    """One chunk of a streamed decoding: `sampler.decode` of `state` until
+    its index reaches `until` (stopping at END_ID), returned as
+    `(state, tokens, index, running)`, what `stream_pieces`' compiled
+    `start` and `advance` give it."""
+    stop_ids = (END_ID,)
+    state = sampler.decode(
+        next_fn, state, stop_ids=stop_ids, pad_token_id=PAD_ID, until=until
+    )
+    return (
+        state,
+        sampler.decided_tokens(state, stop_ids=stop_ids),
+        state["index"],
+        sampler.running(state, stop_ids=stop_ids),
+    )
+
+
 def stream_pieces(
     start: Callable,
     advance: Callable,

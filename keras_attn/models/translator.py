@@ -241,19 +241,12 @@ class Translator(GenerativeTask, keras.Model):
         `(state, tokens, index, running)`
         (`keras_attn.models.streaming.stream_pieces`)."""
         sampler = generation.BeamSampler(beam_width=1, length_penalty=0.0)
-        stop_ids = (END_ID,)
         next_fn = self._next_fn(knn)  # a kNN-MT datastore's weights made here
 
+        from keras_attn.models import streaming
+
         def chunk(state, until):
-            state = sampler.decode(
-                next_fn, state, stop_ids=stop_ids, pad_token_id=PAD_ID, until=until
-            )
-            return (
-                state,
-                sampler.decided_tokens(state, stop_ids=stop_ids),
-                state["index"],
-                sampler.running(state, stop_ids=stop_ids),
-            )
+            return streaming.decode_chunk(sampler, next_fn, state, until)
 
         def build_start():
             def start(encoder_inputs, until):
