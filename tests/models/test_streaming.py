@@ -68,9 +68,14 @@ def lm(small_tokenizer):
     return language_model(small_tokenizer)
 
 
+# TensorFlow and JAX compile the decoding (`tf.function`, `jax.jit`) and
+# reuse it; PyTorch runs it eagerly, one Python call per step.
+COMPILES = keras.backend.backend() != "torch"
+
+
 class CountingCalls:
     """`call_with_cache` wrapped: counts its Python calls, which a compiled
-    decoding makes only while it is traced."""
+    decoding makes only while it is traced (an eager one at every step)."""
 
     def __init__(self, monkeypatch, cls):
         self.count = 0
@@ -209,16 +214,22 @@ def test_the_decoding_is_traced_once_and_reused(small_tokenizer, monkeypatch):
         _task.bucket_length(len(ids) + 1)
         for ids in small_tokenizer.tokenize(prompts).to_list()
     }
-    assert 0 < traced <= 3 * len(widths)
+    if COMPILES:
+        assert 0 < traced <= 3 * len(widths)
+    else:  # eager: a call per prompt pass and per generated token
+        assert traced >= sum(len(pieces) for pieces in first)
     for chunk_size in (1, 3, 7):
         again = [
             list(model.stream(p, max_new_tokens=30, chunk_size=chunk_size))
             for p in prompts
         ]
         assert again == first
-    assert counting.count == traced  # 9 more calls, over 100 chunks: no trace
-    # More pieces than traces: the steps ran from compiled code.
-    assert sum(len(pieces) for pieces in first) > traced
+    if COMPILES:
+        assert counting.count == traced  # 9 more calls, over 100 chunks: no trace
+        # More pieces than traces: the steps ran from compiled code.
+        assert sum(len(pieces) for pieces in first) > traced
+    else:
+        assert counting.count == 4 * traced  # the same calls, three times more
 
 
 def test_a_quantized_model_streams_with_its_quantized_weights(small_tokenizer):
@@ -311,7 +322,10 @@ def test_streamed_translations_join_to_greedy_translate(
     # Same source widths and lengths again: no new trace.
     for text in texts:
         list(model.stream_translate(text, chunk_size=2))
-    assert counting.count == traced
+    if COMPILES:
+        assert counting.count == traced
+    else:  # eager: every step calls the decoder again
+        assert counting.count > traced
 
 
 def test_stream_translate_refuses_beam_search_and_a_batch(small_tokenizer):
