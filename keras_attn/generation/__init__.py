@@ -10,7 +10,8 @@ logits, cache = next_fn(token_ids, cache, index)
 with the batch on axis 0, a scalar int32 `index`; logits `(B, vocab)` or
 `(B, T, vocab)` for the token after the last input). It traces once under
 `tf.function` / `jax.jit`, uses TF ops only on TensorFlow and exports in a
-SavedModel. See `Sampler` for the full contract.
+SavedModel. See `Sampler` for the full contract. `speculative_greedy_search`
+checks several guessed tokens per `next_fn` call (a `(B,)` index there).
 """
 
 from keras_attn.generation.beam_sampler import BeamSampler, length_penalty
@@ -18,12 +19,19 @@ from keras_attn.generation.decoding import beam_search, greedy_search, sample
 from keras_attn.generation.greedy_sampler import GreedySampler
 from keras_attn.generation.random_sampler import RandomSampler
 from keras_attn.generation.sampler import Sampler
+from keras_attn.generation.speculative import (
+    DraftModelProposer,
+    PromptLookupProposer,
+    speculative_greedy_search,
+)
 from keras_attn.generation.top_k_sampler import TopKSampler
 from keras_attn.generation.top_p_sampler import TopPSampler
 
 __all__ = [
     "BeamSampler",
+    "DraftModelProposer",
     "GreedySampler",
+    "PromptLookupProposer",
     "RandomSampler",
     "Sampler",
     "TopKSampler",
@@ -32,4 +40,5 @@ __all__ = [
     "greedy_search",
     "length_penalty",
     "sample",
+    "speculative_greedy_search",
 ]

@@ -13,7 +13,11 @@ import keras
 from keras_attn import _validation as v
 from keras_attn.layers.alibi_bias import AlibiBias
 from keras_attn.layers.attention_axes import normalized_axes, scores_shape
-from keras_attn.layers.kv_cache import check_cache_update_index
+from keras_attn.layers.kv_cache import (
+    check_cache_update_index,
+    check_per_row_index,
+    is_per_row,
+)
 from keras_attn.layers.rotary_embedding import RotaryEmbedding
 
 # -- constructor arguments ------------------------------------------------------
@@ -293,6 +297,7 @@ def check_call(
     broadcasting."""
     rank = len(query.shape)
     check_cache_update_index(cache, cache_update_index)
+    check_per_row_index(cache_update_index, query.shape[0])
     if rank > 3:
         for name, value in (
             ("query_mask", query_mask),
@@ -371,6 +376,12 @@ def check_positions(
                 "positions shared with the queries). Received: "
                 "cache_update_index=None"
             )
+    if alibi_bias is not None and is_per_row(cache_update_index):
+        raise ValueError(
+            "`alibi_bias` takes one position for the batch: pass "
+            "`cache_update_index` as an int or a scalar. Received: a per-row "
+            f"cache_update_index of shape {tuple(cache_update_index.shape)}"
+        )
     if alibi_bias is not None and overrides_compute_attention:
         raise ValueError(
             "`alibi_bias` is applied inside keras-attn's `_compute_attention`"

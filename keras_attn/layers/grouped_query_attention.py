@@ -202,6 +202,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
         cache_update_index=None,
     ):
         kv_cache.check_cache_update_index(cache, cache_update_index)
+        kv_cache.check_per_row_index(cache_update_index, query.shape[0])
         if self._overrides_compute_attention():
             if cache is not None:
                 raise ValueError(
@@ -266,6 +267,16 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
                 cache, stacked, new_keys, new_values, cache_update_index
             )
         offset = kv_cache.cache_offset(cache_update_index)
+        window = self.sliding_window
+        if kv_cache.is_per_row(offset):
+            attention_mask, use_causal_mask, window, offset = kv_cache.per_row_band(
+                attention_mask,
+                use_causal_mask,
+                window,
+                offset,
+                ops.shape(query_heads)[1],
+                ops.shape(key_heads)[1],
+            )
         explicit, key_padding, query_padding, has_keys = mask_components(
             query_heads,
             key_heads,
@@ -275,7 +286,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             attention_mask,
             use_causal_mask,
             offset,
-            self.sliding_window,
+            window,
         )
         attended = dot_product_attention(
             query_heads,
@@ -292,7 +303,7 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
             key_padding_mask=key_padding,
             query_padding_mask=query_padding,
             causal_offset=offset,
-            sliding_window=self.sliding_window,
+            sliding_window=window,
         )  # (B, Tq, N, H) [, (B, N, Tq, Tk)]
         weights = None
         if return_attention_scores:

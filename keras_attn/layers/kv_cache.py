@@ -17,6 +17,7 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn.ops.cache import update_cache
+from keras_attn.ops.masks import band_from_positions
 
 
 def is_stacked(cache) -> bool:
@@ -65,6 +66,59 @@ def check_cache_update_index(cache, cache_update_index) -> None:
             "`cache_update_index` needs a `cache`. Received: cache=None, "
             f"cache_update_index={cache_update_index!r}"
         )
+
+
+def is_per_row(cache_update_index) -> bool:
+    """Whether `cache_update_index` places each row of the batch at its own
+    position: an int tensor `(batch,)` rather than an int or a scalar."""
+    shape = getattr(cache_update_index, "shape", None)
+    return shape is not None and len(shape) == 1
+
+
+def check_per_row_index(cache_update_index, batch_size) -> None:
+    """`cache_update_index` is an int, a scalar or a `(batch,)` tensor."""
+    shape = getattr(cache_update_index, "shape", None)
+    if shape is None or len(shape) == 0:
+        return
+    if len(shape) > 1 or (
+        shape[0] is not None and batch_size is not None and shape[0] != batch_size
+    ):
+        raise ValueError(
+            "`cache_update_index` must be an int, a scalar int tensor or an "
+            f"int tensor (batch,) = ({batch_size},), one position per row. "
+            f"Received: cache_update_index.shape={tuple(shape)}"
+        )
+
+
+def row_positions(cache_update_index, length):
+    """int32 `(batch, length)`: the positions of a call's `length` new
+    tokens in each row, from a per-row `cache_update_index` `(batch,)`."""
+    index = ops.cast(cache_update_index, "int32")
+    return index[:, None] + ops.arange(length, dtype="int32")[None, :]
+
+
+def per_row_band(
+    attention_mask, use_causal_mask, sliding_window, cache_update_index, query_length,
+    key_length,
+):  # fmt: skip
+    """With a per-row `cache_update_index`, the causal mask and the sliding
+    window as an explicit `(batch, Tq, Tk)` mask ANDed into `attention_mask`
+    (each row's queries sit at their own positions; the band of the
+    attention op takes one offset for the batch). Returns the mask and the
+    band arguments left to the op: `(mask, use_causal_mask=False,
+    sliding_window=None, offset=0)`. A cached call has few queries, so the
+    mask is small."""
+    band = band_from_positions(
+        row_positions(cache_update_index, query_length),
+        ops.arange(key_length, dtype="int32"),
+        causal=bool(use_causal_mask),
+        window=sliding_window,
+    )  # (B, Tq, Tk) or None
+    if band is not None and attention_mask is not None:
+        band = ops.logical_and(band, ops.cast(attention_mask, "bool"))
+    elif band is None:
+        band = attention_mask
+    return band, False, None, 0
 
 
 def cache_length(cache):

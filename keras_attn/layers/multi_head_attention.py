@@ -274,6 +274,11 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         """`rotary_embedding` on `(B, T, heads, dim)` from position
         `start_index`, in the dtype of `heads` (a `RotaryEmbedding` made
         without the layer's dtype policy computes in its own)."""
+        if kv_cache.is_per_row(start_index):  # (B,): each row's own position
+            positions = kv_cache.row_positions(start_index, ops.shape(heads)[1])
+            return ops.cast(
+                self.rotary_embedding(heads, positions=positions), heads.dtype
+            )
         return ops.cast(
             self.rotary_embedding(heads, start_index=start_index), heads.dtype
         )
@@ -475,6 +480,16 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             key_heads, value_heads, cache = kv_cache.updated_cache(
                 cache, stacked, new_keys, new_values, cache_update_index
             )
+        window = self.sliding_window
+        if kv_cache.is_per_row(offset):
+            attention_mask, use_causal_mask, window, offset = kv_cache.per_row_band(
+                attention_mask,
+                use_causal_mask,
+                window,
+                offset,
+                ops.shape(query_heads)[1],
+                ops.shape(key_heads)[1],
+            )
         if rank == 3:
             arguments, has_keys = attention_arguments(
                 query_heads,
@@ -485,7 +500,7 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
                 attention_mask,
                 use_causal_mask,
                 offset,
-                self.sliding_window,
+                window,
                 keras_form=self._overrides_compute_attention(),
             )
         else:

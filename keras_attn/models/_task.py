@@ -240,7 +240,7 @@ class WithoutPadding:
         return keras.ops.where(padding, -1e9, logits), cache
 
 
-def compiled(model, key, build, *, depends=(), signature=None):
+def compiled(model, key, build, *, depends=(), signature=None, others=()):
     """`build()` (a function of tensors) compiled for the backend and kept on
     `model` under `key`: `tf.function` on TensorFlow (with `signature`, the
     `(shape, dtype)` of each argument, one trace for every batch size),
@@ -263,20 +263,21 @@ def compiled(model, key, build, *, depends=(), signature=None):
                 else [tf.TensorSpec(shape, dtype) for shape, dtype in signature],
             )
         if backend == "jax":
-            return jit_reading_weights(model, fn)
+            return jit_reading_weights(model, fn, others)
         return fn
 
-    return cached(model, key, (*depends, *model.variables), make)
+    variables = [v for m in (model, *others) for v in m.variables]
+    return cached(model, key, (*depends, *variables), make)
 
 
-def jit_reading_weights(model, fn):
+def jit_reading_weights(model, fn, others=()):
     """`jax.jit(fn)` that reads `model`'s weights at each call: they are
     arguments of the compiled function (mapped onto the variables by a
     `keras.StatelessScope`), not constants of its trace, so weights trained or
     loaded after the first call are the ones used."""
     import jax
 
-    variables = list(model.variables)
+    variables = [v for m in (model, *others) for v in m.variables]
 
     def stateless(values, *args):
         with keras.StatelessScope(

@@ -43,7 +43,9 @@ class GenerativeTask(QuantizableTask, SetattrBeforeInit):
         _task.refuse_text_predict(self, x, self.text_methods)
         return super().predict(x, *args, **kwargs)
 
-    def make_generate_function(self, key, build, *, depends=(), signature=None):
+    def make_generate_function(
+        self, key, build, *, depends=(), signature=None, others=()
+    ):
         """`build()` (a decoding function of int32 tensors) compiled for the
         backend once per setting `key` and kept on the task: `tf.function`
         on TensorFlow (with `signature`, the `(shape, dtype)` of each
@@ -53,8 +55,11 @@ class GenerativeTask(QuantizableTask, SetattrBeforeInit):
         with (`quantize`, loading another model's weights into new
         variables) or an object of `depends` (a sampler, a datastore) is no
         longer the same; an eager decoding loop would dispatch every op of
-        every step, and an uncompiled one re-trace per call."""
-        return _task.compiled(self, key, build, depends=depends, signature=signature)
+        every step, and an uncompiled one re-trace per call. `others`:
+        more models (a draft) whose weights the decoding reads."""
+        return _task.compiled(
+            self, key, build, depends=depends, signature=signature, others=others
+        )
 
     @staticmethod
     def run_generate_function(generate, *arrays):

@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn import generation
+from keras_attn.layers import kv_cache
 from keras_attn.models import _task
 from keras_attn.models.backbones import TransformerDecoderBackbone
 from keras_attn.models.generative_task import GenerativeTask
@@ -203,8 +204,17 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
     def call_with_cache(self, token_ids, cache, index):
         """Token ids `(batch, T)` at positions `index .. index + T - 1` (a
         prompt chunk or one token) -> `(logits (batch, T, vocab) float32,
-        cache)`: the `keras_attn.generation` contract."""
-        x = self.embedding(token_ids, start_index=index)  # (B, T, d)
+        cache)`: the `keras_attn.generation` contract. `index` is an int, a
+        scalar, or an int tensor `(batch,)` placing each row at its own
+        position (speculative decoding)."""
+        if kv_cache.is_per_row(index):
+            positions = kv_cache.row_positions(index, ops.shape(token_ids)[1])
+            # A speculative block may run past the context; those positions'
+            # outputs are never used, but a learned table has no row there.
+            positions = ops.minimum(positions, self.sequence_length - 1)
+            x = self.embedding(token_ids, positions=positions)  # (B, T, d)
+        else:
+            x = self.embedding(token_ids, start_index=index)  # (B, T, d)
         new_cache = []
         for block, block_cache in zip(self.decoder_blocks, cache, strict=True):
             x, block_cache = block(
@@ -244,6 +254,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         prompt_lengths=None,
         end_token_id: int | None = END_ID,
         seed=None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """Continue right-padded prompt ids `(B, T0)` to `max_length` tokens
         over the KV cache: int32 `(B, max_length)`, the prompt, the new
@@ -254,8 +266,20 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         `sampler`: `"greedy"` or a `keras_attn.generation` sampler instance
         (`TopKSampler(k=10, temperature=0.8)`, `TopPSampler`, `BeamSampler`,
         ...); `seed` fixes a random sampler's draws.
+
+        `assistant_model`: speculative greedy decoding, the same tokens as
+        greedy search in fewer forward passes of this model: a smaller
+        `TransformerLanguageModel` on the same vocabulary (a draft) or
+        `"prompt_lookup"` (guesses copied from n-gram matches in the row's
+        own tokens), checked `num_speculative_tokens` at a time
+        (`keras_attn.generation.speculative_greedy_search`).
         """
         prompt = ops.convert_to_tensor(prompt, "int32")
+        if assistant_model is not None:
+            return self._speculative_ids(
+                prompt, max_length, sampler, prompt_lengths, end_token_id,
+                assistant_model, num_speculative_tokens,
+            )  # fmt: skip
         if sampler == "greedy":
             sampler = generation.GreedySampler()
         if not isinstance(sampler, generation.Sampler):
@@ -275,6 +299,31 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             seed=seed,
         )
         return tokens[0] if isinstance(tokens, tuple) else tokens
+
+    def _speculative_ids(
+        self, prompt, max_length, sampler, prompt_lengths, end_token_id,
+        assistant_model, num_speculative_tokens,
+    ):  # fmt: skip
+        check_assistant(self, assistant_model, sampler, max_length)
+        batch = ops.shape(prompt)[0]
+        if isinstance(assistant_model, str):
+            proposer = generation.PromptLookupProposer()
+        else:
+            proposer = generation.DraftModelProposer(
+                _task.WithoutPadding(assistant_model.call_with_cache),
+                assistant_model.initial_cache(batch, max_length),
+            )
+        return generation.speculative_greedy_search(
+            _task.WithoutPadding(self.call_with_cache),
+            proposer,
+            prompt,
+            self.initial_cache(batch, max_length),
+            max_length,
+            num_speculative_tokens=num_speculative_tokens,
+            prompt_lengths=prompt_lengths,
+            end_token_id=end_token_id,
+            pad_token_id=PAD_ID,
+        )
 
     # -- scoring ------------------------------------------------------------------
 
@@ -383,6 +432,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         seed=None,
         batch_size: int = _task.DEFAULT_BATCH_SIZE,
         verbose="auto",
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ) -> list[str]:
         """Continue raw-string prompts: the text of the new tokens after each
         prompt (the prompt itself not repeated).
@@ -420,6 +471,12 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             verbose: `"auto"` (a progress bar when there is more than one
                 batch), 0, 1 (a bar) or 2 (one line at the end), as in
                 `keras.Model.predict`.
+            assistant_model: `None`, a draft `TransformerLanguageModel` on
+                the same vocabulary, or `"prompt_lookup"`: speculative greedy
+                decoding (greedy `sampler` only), the same text as without
+                it in fewer forward passes of this model (`generate_ids`).
+            num_speculative_tokens: the guesses checked per forward pass of
+                this model with an `assistant_model`.
         """
         preprocessor = self._text_preprocessor(None, "generate")
         prompts = _task.text_list("prompts", prompts)
@@ -430,8 +487,10 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             longest = int(np.max(np.asarray(ids.row_lengths()), initial=0))
             width = _task.bucket_length(min(longest, keep) + 1, cap=keep + 1)
             new = self.continue_ids(
-                ids, max_new_tokens, sampler=sampler, seed=seed, prompt_width=width
-            )
+                ids, max_new_tokens, sampler=sampler, seed=seed, prompt_width=width,
+                assistant_model=assistant_model,
+                num_speculative_tokens=num_speculative_tokens,
+            )  # fmt: skip
             return preprocessor.generate_postprocess(new)
 
         return self.generate_texts(
@@ -476,6 +535,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         sampler="greedy",
         seed=None,
         prompt_width: int | None = None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """Ragged prompt ids `(B, None)` (a `tf.RaggedTensor`, without the
         start token) -> ragged new ids `(B, None)`, as `generate` and the
@@ -483,7 +544,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         in a `tf.function`). `max_new_tokens` and what long prompts keep:
         as in `generate`, in a context of `context_length` tokens (default
         `sequence_length`). `prompt_width`: the prompts' padded width, start
-        token included (default: the most a prompt keeps, plus one)."""
+        token included (default: the most a prompt keeps, plus one).
+        `assistant_model`, `num_speculative_tokens`: as in `generate`."""
         import tensorflow as tf
 
         context = context_length or self.sequence_length
@@ -495,14 +557,22 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, width])
         total = context if max_new_tokens is None else width + max_new_tokens
         if tf.executing_eagerly() and keras.backend.backend() in ("tensorflow", "jax"):
-            generate = self._compiled_generation(width, total, sampler, seed)
+            generate = self._compiled_generation(
+                width, total, sampler, seed, assistant_model, num_speculative_tokens
+            )
             tokens = tf.convert_to_tensor(
                 self.run_generate_function(generate, prompt.numpy(), lengths.numpy())
             )
         else:
             tokens = self.generate_ids(
-                prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
-            )  # (B, total): prompt, new tokens, padding
+                prompt,
+                total,
+                sampler=sampler,
+                prompt_lengths=lengths,
+                seed=seed,
+                assistant_model=assistant_model,
+                num_speculative_tokens=num_speculative_tokens,
+            )  # (B, total): prompt, new tokens, padding; fmt: skip
         positions = tf.range(total)[None, :]
         first_new = lengths[:, None]
         new = positions >= first_new
@@ -659,24 +729,38 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         )
         return start, advance
 
-    def _compiled_generation(self, width, total, sampler, seed):
+    def _compiled_generation(
+        self,
+        width,
+        total,
+        sampler,
+        seed,
+        assistant_model=None,
+        num_speculative_tokens=4,
+    ):
         """`generate_ids` of `(prompt (B, width), lengths (B,))` to `total`
-        tokens, compiled once per setting (`make_generate_function`)."""
+        tokens, compiled once per setting (`make_generate_function`; a draft
+        model's weights are read at each call too)."""
 
         def build():
             def generate(prompt, lengths):
                 return self.generate_ids(
-                    prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed
-                )
+                    prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed,
+                    assistant_model=assistant_model,
+                    num_speculative_tokens=num_speculative_tokens,
+                )  # fmt: skip
 
             return generate
 
+        draft = assistant_model if isinstance(assistant_model, keras.Model) else None
         return self.make_generate_function(
-            ("generation", width, total, id(sampler), seed),
+            ("generation", width, total, id(sampler), seed, id(assistant_model),
+             num_speculative_tokens),
             build,
-            depends=(sampler,),
+            depends=(sampler, assistant_model),
             signature=[([None, width], "int32"), ([None], "int32")],
-        )
+            others=() if draft is None else (draft,),
+        )  # fmt: skip
 
     def stream_log_probs(
         self, dataset, states: bool = False, verbose: int = 0, title: str = "Scoring"
@@ -756,3 +840,38 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
             **self.head_policy_config(),
         }
+
+
+def check_assistant(model, assistant_model, sampler, max_length) -> None:
+    """An `assistant_model` `model` can decode with: `"prompt_lookup"` or a
+    language model on its vocabulary with room for `max_length` tokens, with
+    greedy decoding."""
+    if isinstance(assistant_model, str):
+        if assistant_model != "prompt_lookup":
+            raise ValueError(
+                "`assistant_model` must be a TransformerLanguageModel or "
+                f"'prompt_lookup'. Received: assistant_model={assistant_model!r}"
+            )
+    elif not isinstance(assistant_model, TransformerLanguageModel):
+        raise ValueError(
+            "`assistant_model` must be a TransformerLanguageModel or "
+            f"'prompt_lookup'. Received: assistant_model={assistant_model!r}"
+        )
+    else:
+        if assistant_model.vocabulary_size != model.vocabulary_size:
+            raise ValueError(
+                "`assistant_model` must share the model's vocabulary. Received: "
+                f"an assistant of vocabulary_size={assistant_model.vocabulary_size}"
+                f" for a model of vocabulary_size={model.vocabulary_size}"
+            )
+        if isinstance(max_length, int) and assistant_model.sequence_length < max_length:
+            raise ValueError(
+                f"`assistant_model` must hold {max_length} tokens. Received: an "
+                "assistant of sequence_length="
+                f"{assistant_model.sequence_length}"
+            )
+    if not (sampler == "greedy" or type(sampler) is generation.GreedySampler):
+        raise ValueError(
+            "Speculative decoding (`assistant_model`) decodes greedily: pass "
+            f"sampler='greedy'. Received: sampler={sampler!r}"
+        )

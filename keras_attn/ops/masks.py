@@ -124,7 +124,8 @@ def band_from_positions(query_positions, key_positions, causal=False, window=Non
     (`band_mask`) and for the blocks of the memory-efficient path.
 
     Args:
-        query_positions: int32 `(Tq,)`, the queries' positions among the keys.
+        query_positions: int32 `(Tq,)`, the queries' positions among the keys,
+            or `(B, Tq)`, each row's own (the mask is then `(B, Tq, Tk)`).
         key_positions: int32 `(Tk,)`.
         causal: whether to mask the keys after each query.
         window: optional positive int (or scalar int tensor).
@@ -133,7 +134,7 @@ def band_from_positions(query_positions, key_positions, causal=False, window=Non
         Boolean tensor of shape `(Tq, Tk)`, or `None` with neither `causal`
         nor `window`.
     """
-    distance = query_positions[:, None] - key_positions[None, :]  # (Tq, Tk)
+    distance = query_positions[..., None] - key_positions  # ([B,] Tq, Tk)
     visible = None
     if causal:
         visible = ops.greater_equal(distance, 0)

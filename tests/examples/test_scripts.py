@@ -98,6 +98,7 @@ def assert_a_rerun_rescores(script, out, evaluation_flags, figure):
     assert after["evaluated_only"]["evaluate_only"] == str(out)
 
 
+@pytest.mark.slow  # the script's parts: test_ema, test_mixed_precision, tests/models
 def test_sentiment_smoke(sentiment_file, tmp_path):
     out = tmp_path / "run"
     stdout = run_script(

@@ -98,6 +98,7 @@ def test_a_bfloat16_copy_holds_bfloat16_weights_and_leaves_the_task(classifier):
     np.testing.assert_allclose(got, want, atol=TOLERANCE["bfloat16"])
 
 
+@pytest.mark.slow  # four exports; the conversion itself is tested above
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_each_precision_exports_servably_with_close_answers(
     classifier, exports, precision
@@ -118,6 +119,7 @@ def test_each_precision_exports_servably_with_close_answers(
         assert error > 0
 
 
+@pytest.mark.slow
 def test_cheaper_exports_hold_fewer_bytes(exports):
     def variables_bytes(path):
         return sum(f.stat().st_size for f in (path / "variables").iterdir())
@@ -128,6 +130,7 @@ def test_cheaper_exports_hold_fewer_bytes(exports):
     assert size["int4"] < size["int8"]
 
 
+@pytest.mark.slow
 def test_a_language_model_exports_in_int8(small_tokenizer, tmp_path):
     model = TransformerLanguageModel(
         small_tokenizer.vocabulary_size, 16, embedding_dim=32, num_layers=1,

@@ -165,6 +165,7 @@ def test_check_prints_rest_requests_and_the_served_responses(exported):
         check_servable(path, verbose=False, examples="one string")
 
 
+@pytest.mark.slow  # from_bert's export; tests/models/test_from_bert covers its parts
 def test_pretrained_encoder_exports_with_its_wordpiece_tokenizer(tmp_path):
     from keras_attn.checkpoints import load_bert_checkpoint
     from tests.test_case import write_bert_checkpoint

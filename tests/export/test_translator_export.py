@@ -35,7 +35,10 @@ def small_transformer(tokenizer):
     )
 
 
-@pytest.fixture(scope="module", params=["transformer", "rnn", "bert"])
+@pytest.fixture(
+    scope="module",
+    params=["transformer", "rnn", pytest.param("bert", marks=pytest.mark.slow)],
+)
 def translator(request, small_tokenizer, tmp_path_factory):
     vocabulary = small_tokenizer.vocabulary_size
     if request.param == "bert":  # a pretrained encoder with WordPiece sources
