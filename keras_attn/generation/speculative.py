@@ -18,10 +18,9 @@ again, so rolling a cache back is moving the row's index.
 
 from __future__ import annotations
 
-import numbers
-
 from keras import ops
 
+from keras_attn import _validation as v
 from keras_attn.generation.sampler import (
     check_token_id,
     is_stop_token,
@@ -30,19 +29,6 @@ from keras_attn.generation.sampler import (
     resolve_lengths,
     resolve_stop_token_ids,
 )
-
-
-def _check_k(num_speculative_tokens):
-    if (
-        isinstance(num_speculative_tokens, bool)
-        or not isinstance(num_speculative_tokens, numbers.Integral)
-        or num_speculative_tokens < 1
-    ):
-        raise ValueError(
-            "`num_speculative_tokens` must be a positive int. Received: "
-            f"num_speculative_tokens={num_speculative_tokens!r}"
-        )
-    return int(num_speculative_tokens)
 
 
 def _gather_rows(tokens, positions):
@@ -94,16 +80,7 @@ class PromptLookupProposer:
     last token (the target corrects them). No model, no cache."""
 
     def __init__(self, ngram_size: int = 3):
-        if (
-            isinstance(ngram_size, bool)
-            or not isinstance(ngram_size, numbers.Integral)
-            or ngram_size < 1
-        ):
-            raise ValueError(
-                "`ngram_size` must be a positive int. Received: "
-                f"ngram_size={ngram_size!r}"
-            )
-        self.ngram_size = int(ngram_size)
+        self.ngram_size = v.check_positive_int("ngram_size", ngram_size)
         self.initial_cache = ()
 
     def prefill(self, prompt, state):
@@ -167,7 +144,7 @@ def speculative_greedy_search(
     Returns:
         int32 tokens `(B, output_length)`, the same as greedy search's.
     """
-    k = _check_k(num_speculative_tokens)
+    k = v.check_positive_int("num_speculative_tokens", num_speculative_tokens)
     pad_token_id = check_token_id("pad_token_id", pad_token_id)
     stop_ids = resolve_stop_token_ids(end_token_id, stop_token_ids)
     output_length, max_length = resolve_lengths(max_length, output_length)
