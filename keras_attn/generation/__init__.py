@@ -11,7 +11,8 @@ with the batch on axis 0, a scalar int32 `index`; logits `(B, vocab)` or
 `(B, T, vocab)` for the token after the last input). It traces once under
 `tf.function` / `jax.jit`, uses TF ops only on TensorFlow and exports in a
 SavedModel. See `Sampler` for the full contract. `speculative_greedy_search`
-checks several guessed tokens per `next_fn` call (a `(B,)` index there).
+and `speculative_sample` check several guessed tokens per `next_fn` call (a
+`(B,)` index there).
 """
 
 from keras_attn.generation.beam_sampler import BeamSampler, length_penalty
@@ -23,6 +24,7 @@ from keras_attn.generation.speculative import (
     DraftModelProposer,
     PromptLookupProposer,
     speculative_greedy_search,
+    speculative_sample,
 )
 from keras_attn.generation.top_k_sampler import TopKSampler
 from keras_attn.generation.top_p_sampler import TopPSampler
@@ -41,4 +43,5 @@ __all__ = [
     "length_penalty",
     "sample",
     "speculative_greedy_search",
+    "speculative_sample",
 ]

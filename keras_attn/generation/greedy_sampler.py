@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from keras import ops
 
-from keras_attn.generation.sampler import Sampler
+from keras_attn.generation.sampler import Sampler, keep_most_probable
 
 
 class GreedySampler(Sampler):
@@ -28,6 +28,9 @@ class GreedySampler(Sampler):
 
     def get_next_token(self, log_probs, seed):
         return ops.argmax(log_probs, axis=-1)
+
+    def distribution(self, log_probs):
+        return keep_most_probable(ops.cast(log_probs, "float32"), 1)
 
     def get_config(self) -> dict:
         return {}

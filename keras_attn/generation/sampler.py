@@ -64,6 +64,27 @@ def top_k(x, k: int):
     return ops.top_k(x, k=k, sorted=True)
 
 
+# Log-probability given to the tokens a sampler never draws (finite: no
+# inf - inf).
+CUT = -1e9
+
+
+def keep_most_probable(log_probs, count):
+    """`log_probs` `(..., V)` renormalised over the `count` most probable
+    tokens of each row (ties in index order, as `top_k` lists them), the
+    others at `CUT`. `count` is an int or an int tensor shaped like
+    `log_probs[..., 0]`."""
+    vocab_size = log_probs.shape[-1]
+    if vocab_size is None:
+        vocab_size = ops.shape(log_probs)[-1]
+    _, order = top_k(log_probs, vocab_size)  # (..., V): the tokens, best first
+    rank = ops.argsort(order, axis=-1)  # (..., V): each token's place in it
+    if not isinstance(count, int):
+        count = ops.expand_dims(ops.cast(count, rank.dtype), -1)
+    kept = ops.where(ops.less(rank, count), log_probs, CUT)
+    return ops.log_softmax(kept, axis=-1)
+
+
 def check_token_id(name: str, value, allow_none: bool = False):
     """A non-negative Python int token id (or `None` where allowed)."""
     if value is None and allow_none:
@@ -314,6 +335,15 @@ class Sampler:
         if self.temperature != 1.0:
             logits = logits / self.temperature
         return ops.log_softmax(logits, axis=-1)
+
+    def distribution(self, log_probs):
+        """float32 log-probabilities of the distribution `get_next_token`
+        draws from, shaped like `log_probs` (`(..., vocab)`, temperature
+        applied): the tokens it never draws at a large negative value, the
+        others renormalised. Speculative sampling
+        (`keras_attn.generation.speculative_sample`) accepts and corrects
+        guesses against it. This base class draws from `log_probs` itself."""
+        return ops.cast(log_probs, "float32")
 
     def get_next_token(self, log_probs, seed):
         """The next token of each row.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.generation.sampler import Sampler, top_k
+from keras_attn.generation.sampler import Sampler, keep_most_probable, top_k
 from keras_attn.ops import counter_random
 
 
@@ -34,6 +34,10 @@ class TopKSampler(Sampler):
         top_log_probs, top_indices = top_k(log_probs, k)  # (B, k)
         choice = counter_random.categorical(top_log_probs, seed)  # (B,)
         return ops.take_along_axis(top_indices, choice[:, None], axis=-1)[:, 0]
+
+    def distribution(self, log_probs):
+        k = min(self.k, log_probs.shape[-1] or self.k)
+        return keep_most_probable(ops.cast(log_probs, "float32"), k)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "k": self.k}

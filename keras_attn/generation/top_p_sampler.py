@@ -7,11 +7,8 @@ import numbers
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.generation.sampler import Sampler, top_k
+from keras_attn.generation.sampler import CUT, Sampler, keep_most_probable, top_k
 from keras_attn.ops import counter_random
-
-# Log-probability given to the tokens cut off (finite: no inf - inf).
-_CUT = -1e9
 
 
 class TopPSampler(Sampler):
@@ -49,20 +46,33 @@ class TopPSampler(Sampler):
         self.p = float(p)
         self.k = v.check_positive_int("k", k, allow_none=True)
 
-    def get_next_token(self, log_probs, seed):
+    def _nucleus(self, log_probs):
+        """`(sorted log-probabilities, their tokens, which are kept)`, each
+        `(..., n)`, best first, over the `n` tokens considered."""
         vocab_size = log_probs.shape[-1]
         if vocab_size is None:
             vocab_size = ops.shape(log_probs)[-1]
         cutoff = vocab_size if self.k is None else min(self.k, vocab_size)
-        sorted_log_probs, sorted_indices = top_k(log_probs, cutoff)  # (B, n)
+        sorted_log_probs, sorted_indices = top_k(log_probs, cutoff)  # (..., n)
         probs = ops.exp(sorted_log_probs)
         # Mass strictly before each token: keep while it is below p.
         mass_before = ops.cumsum(probs, axis=-1) - probs
         keep = ops.less(mass_before, self.p)
-        keep = ops.concatenate([ops.ones_like(keep[:, :1]), keep[:, 1:]], axis=-1)
-        filtered = ops.where(keep, sorted_log_probs, _CUT)
+        keep = ops.concatenate(
+            [ops.ones_like(keep[..., :1]), keep[..., 1:]], axis=-1
+        )  # the most probable token is always kept
+        return sorted_log_probs, sorted_indices, keep
+
+    def get_next_token(self, log_probs, seed):
+        sorted_log_probs, sorted_indices, keep = self._nucleus(log_probs)
+        filtered = ops.where(keep, sorted_log_probs, CUT)
         choice = counter_random.categorical(filtered, seed)  # (B,)
         return ops.take_along_axis(sorted_indices, choice[:, None], axis=-1)[:, 0]
+
+    def distribution(self, log_probs):
+        log_probs = ops.cast(log_probs, "float32")
+        _, _, keep = self._nucleus(log_probs)  # a prefix of the sorted tokens
+        return keep_most_probable(log_probs, ops.sum(ops.cast(keep, "int32"), -1))
 
     def get_config(self) -> dict:
         return {**super().get_config(), "p": self.p, "k": self.k}

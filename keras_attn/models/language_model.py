@@ -267,18 +267,20 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         (`TopKSampler(k=10, temperature=0.8)`, `TopPSampler`, `BeamSampler`,
         ...); `seed` fixes a random sampler's draws.
 
-        `assistant_model`: speculative greedy decoding, the same tokens as
-        greedy search in fewer forward passes of this model: a smaller
-        `TransformerLanguageModel` on the same vocabulary (a draft) or
-        `"prompt_lookup"` (guesses copied from n-gram matches in the row's
-        own tokens), checked `num_speculative_tokens` at a time
-        (`keras_attn.generation.speculative_greedy_search`).
+        `assistant_model`: speculative decoding, fewer forward passes of this
+        model for the same result: a smaller `TransformerLanguageModel` on
+        the same vocabulary (a draft) or `"prompt_lookup"` (guesses copied
+        from n-gram matches in the row's own tokens), checked
+        `num_speculative_tokens` at a time
+        (`keras_attn.generation.speculative_sample`). Greedy gives greedy
+        search's tokens; a random sampler gives its own distribution
+        exactly (not the tokens it draws alone for a seed).
         """
         prompt = ops.convert_to_tensor(prompt, "int32")
         if assistant_model is not None:
             return self._speculative_ids(
                 prompt, max_length, sampler, prompt_lengths, end_token_id,
-                assistant_model, num_speculative_tokens,
+                seed, assistant_model, num_speculative_tokens,
             )  # fmt: skip
         if sampler == "greedy":
             sampler = generation.GreedySampler()
@@ -301,7 +303,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         return tokens[0] if isinstance(tokens, tuple) else tokens
 
     def _speculative_ids(
-        self, prompt, max_length, sampler, prompt_lengths, end_token_id,
+        self, prompt, max_length, sampler, prompt_lengths, end_token_id, seed,
         assistant_model, num_speculative_tokens,
     ):  # fmt: skip
         check_assistant(self, assistant_model, sampler, max_length)
@@ -313,12 +315,14 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
                 _task.WithoutPadding(assistant_model.call_with_cache),
                 assistant_model.initial_cache(batch, max_length),
             )
-        return generation.speculative_greedy_search(
+        return generation.speculative_sample(
             _task.WithoutPadding(self.call_with_cache),
             proposer,
             prompt,
             self.initial_cache(batch, max_length),
             max_length,
+            sampler=generation.GreedySampler() if sampler == "greedy" else sampler,
+            seed=seed,
             num_speculative_tokens=num_speculative_tokens,
             prompt_lengths=prompt_lengths,
             end_token_id=end_token_id,
@@ -472,9 +476,11 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
                 batch), 0, 1 (a bar) or 2 (one line at the end), as in
                 `keras.Model.predict`.
             assistant_model: `None`, a draft `TransformerLanguageModel` on
-                the same vocabulary, or `"prompt_lookup"`: speculative greedy
-                decoding (greedy `sampler` only), the same text as without
-                it in fewer forward passes of this model (`generate_ids`).
+                the same vocabulary, or `"prompt_lookup"`: speculative
+                decoding in fewer forward passes of this model
+                (`generate_ids`): with greedy decoding the same text as
+                without it; with a random sampler text of the same
+                distribution (a seed draws other tokens than without it).
             num_speculative_tokens: the guesses checked per forward pass of
                 this model with an `assistant_model`.
         """
@@ -845,7 +851,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
 def check_assistant(model, assistant_model, sampler, max_length) -> None:
     """An `assistant_model` `model` can decode with: `"prompt_lookup"` or a
     language model on its vocabulary with room for `max_length` tokens, with
-    greedy decoding."""
+    greedy decoding or a sampler that draws one token per row."""
     if isinstance(assistant_model, str):
         if assistant_model != "prompt_lookup":
             raise ValueError(
@@ -870,8 +876,11 @@ def check_assistant(model, assistant_model, sampler, max_length) -> None:
                 "assistant of sequence_length="
                 f"{assistant_model.sequence_length}"
             )
-    if not (sampler == "greedy" or type(sampler) is generation.GreedySampler):
+    if not (sampler == "greedy" or isinstance(sampler, generation.Sampler)) or (
+        isinstance(sampler, generation.BeamSampler)
+    ):
         raise ValueError(
-            "Speculative decoding (`assistant_model`) decodes greedily: pass "
-            f"sampler='greedy'. Received: sampler={sampler!r}"
+            "Speculative decoding (`assistant_model`) takes 'greedy' or a "
+            "sampler that draws one token per row (RandomSampler, TopKSampler, "
+            f"TopPSampler), not beam search. Received: sampler={sampler!r}"
         )

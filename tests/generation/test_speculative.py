@@ -158,12 +158,12 @@ def test_prompt_lookup_copies_a_repeated_phrase():
     tokens per pass."""
     tokens = np.array([[2, 5, 6, 7, 8, 9, 5, 6, 7, 0, 0, 0]], "int32")
     proposer = generation.PromptLookupProposer(ngram_size=3)
-    guesses, _ = proposer.propose(
+    guesses, _, _ = proposer.propose(
         keras.ops.convert_to_tensor(tokens), keras.ops.convert_to_tensor([8]), 3, ()
     )
     np.testing.assert_array_equal(to_numpy(guesses), [[8, 9, 5]])
     # No earlier match of the last 3 tokens: the last token, repeated.
-    guesses, _ = proposer.propose(
+    guesses, _, _ = proposer.propose(
         keras.ops.convert_to_tensor(tokens), keras.ops.convert_to_tensor([5]), 2, ()
     )
     np.testing.assert_array_equal(to_numpy(guesses), [[9, 9]])
@@ -230,6 +230,47 @@ def test_bad_per_row_indices_are_refused():
         alibi(query, query, cache=cache, cache_update_index=np.zeros((2,), "int32"))
 
 
+@pytest.mark.parametrize(
+    "sampler",
+    [generation.TopKSampler(k=1), generation.TopPSampler(p=1e-6, temperature=0.5)],
+    ids=["top_k_1", "top_p_tiny"],
+)
+def test_a_sampler_that_keeps_one_token_samples_greedy_search(models, greedy, sampler):
+    """Speculative sampling through the language model with a draft: a cut
+    to the most probable token leaves one draw, greedy search's (the
+    distribution tests are in test_speculative_sampling.py)."""
+    got = decode(
+        models["learned"],
+        end_token_id=22,
+        sampler=sampler,
+        seed=3,
+        assistant_model=models["draft"],
+        num_speculative_tokens=3,
+    )
+    np.testing.assert_array_equal(got, greedy("learned", 22))
+
+
+def test_speculative_sampling_draws_from_the_seed_and_never_pads(models):
+    model = models["learned"]
+
+    def sampled(seed):
+        return decode(
+            model,
+            end_token_id=None,
+            sampler=generation.RandomSampler(temperature=1.5),
+            seed=seed,
+            assistant_model=models["draft"],
+            num_speculative_tokens=2,
+        )
+
+    first, again, other = sampled(1), sampled(1), sampled(2)
+    np.testing.assert_array_equal(first, again)
+    assert (first != other).any()
+    for row, prompt, length in zip(first, PROMPT, LENGTHS, strict=True):
+        np.testing.assert_array_equal(row[:length], prompt[:length])
+        assert (row[length:] != 0).all()  # no end token: every row is full
+
+
 def test_speculative_decoding_refuses_bad_arguments(models):
     model = models["learned"]
     other_vocabulary = TransformerLanguageModel(
@@ -239,11 +280,11 @@ def test_speculative_decoding_refuses_bad_arguments(models):
         model.generate_ids(PROMPT, 8, assistant_model=other_vocabulary)
     with pytest.raises(ValueError, match="`assistant_model` must be a Transformer"):
         model.generate_ids(PROMPT, 8, assistant_model="ngram")
-    with pytest.raises(ValueError, match=r"decodes greedily.*TopKSampler"):
+    with pytest.raises(ValueError, match=r"not beam search.*BeamSampler"):
         model.generate_ids(
             PROMPT,
             8,
-            sampler=generation.TopKSampler(k=2),
+            sampler=generation.BeamSampler(beam_width=2),
             assistant_model="prompt_lookup",
         )
     with pytest.raises(ValueError, match="`num_speculative_tokens` must be a positive"):
