@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import keras
 import tensorflow as tf
 
 from keras_attn.export._common import clean_text, valid_utf8
@@ -18,7 +19,13 @@ SAMPLE_PROMPTS = ("KING:\n", "", "To be, or not to be")
 
 
 def language_model_serving_fns(
-    model, context_length, max_new_tokens, max_chars, continuous_cache=None
+    model,
+    context_length,
+    max_new_tokens,
+    max_chars,
+    continuous_cache=None,
+    assistant_model=None,
+    num_speculative_tokens=4,
 ):
     """The two signature functions and the tokenizer they need tracked (what
     `TransformerLanguageModel.serving_spec` serves).
@@ -37,7 +44,11 @@ def language_model_serving_fns(
     def complete(prompt):
         prompt = clean_text(prompt, max_chars=max_chars)
         new_tokens = model.continue_ids(
-            tokenizer.tokenize(prompt), max_new_tokens, context_length
+            tokenizer.tokenize(prompt),
+            max_new_tokens,
+            context_length,
+            assistant_model=assistant_model,
+            num_speculative_tokens=num_speculative_tokens,
         )
         return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}
 
@@ -60,18 +71,28 @@ def language_model_serving_spec(
     max_new_tokens: int | None = None,
     max_chars: int = 100_000,
     continuous_cache=None,
+    assistant_model=None,
+    num_speculative_tokens: int = 4,
 ) -> ServingSpec:
     """`TransformerLanguageModel.serving_spec`: the `ServingSpec` of
     `serving_default` (`prompt` -> `completion`) and `score` (`text` ->
     `log_likelihood`, `num_tokens`), with `export_language_model`'s
     options."""
+    from keras_attn import _validation as v
+    from keras_attn.models.language_model import check_assistant
+
     check_continuous_cache(continuous_cache)
     if context_length is None:
         context_length = model.sequence_length
     model.prompt_room(max_new_tokens, context_length)  # raises if it does not fit
+    if assistant_model is not None:
+        check_assistant(model, assistant_model, "greedy", context_length)
+        v.check_positive_int("num_speculative_tokens", num_speculative_tokens)
     complete, score, serving_tokenizer = language_model_serving_fns(
-        model, context_length, max_new_tokens, max_chars, continuous_cache
-    )
+        model, context_length, max_new_tokens, max_chars, continuous_cache,
+        assistant_model, num_speculative_tokens,
+    )  # fmt: skip
+    draft = assistant_model if isinstance(assistant_model, keras.Model) else None
     with_cache = continuous_cache is not None
     score_outputs = {"log_likelihood": "float32 [batch]"}
     if with_cache:
@@ -96,7 +117,11 @@ def language_model_serving_spec(
     metadata = {
         "context_length": context_length,
         "max_new_tokens": max_new_tokens,
-        "decoding": "greedy",
+        "decoding": "greedy"
+        if assistant_model is None
+        else "greedy, speculative: the same tokens, guesses checked "
+        f"{num_speculative_tokens} at a time",
+        "assistant": _describe_assistant(assistant_model, num_speculative_tokens),
         "score": "natural-log probability of the text's tokens and the end "
         "token given the start token; sliding window of stride "
         "context_length // 2"
@@ -118,9 +143,25 @@ def language_model_serving_spec(
         task="language_model",
         model_name="language_model",
         endpoints=endpoints,
-        resources=(serving_tokenizer,),
+        resources=(serving_tokenizer,) + (() if draft is None else (draft,)),
         metadata=metadata,
     )
+
+
+def _describe_assistant(assistant_model, num_speculative_tokens):
+    """The metadata's `assistant` entry: None, or what checks the guesses."""
+    if assistant_model is None:
+        return None
+    entry = {"num_speculative_tokens": num_speculative_tokens}
+    if isinstance(assistant_model, str):
+        return {"kind": assistant_model, **entry}
+    return {
+        "kind": "draft_model",
+        **entry,
+        "num_layers": assistant_model.num_layers,
+        "embedding_dim": assistant_model.embedding_dim,
+        "parameters": int(assistant_model.count_params()),
+    }
 
 
 def export_language_model(
@@ -133,6 +174,8 @@ def export_language_model(
     max_chars: int = 100_000,
     continuous_cache: ContinuousCache | None = None,
     precision: str | None = None,
+    assistant_model=None,
+    num_speculative_tokens: int = 4,
 ) -> Path:
     """Export a `keras_attn.models.TransformerLanguageModel` with its
     `tokenizer` for TF Serving (what `model.export(base_dir)` does:
@@ -164,10 +207,18 @@ def export_language_model(
     the model alone either way. `score` is the model's own `score_ids`, so
     the export answers what `model.score(texts)` gives.
 
+    With `assistant_model` (a draft `TransformerLanguageModel` on the same
+    vocabulary, or `"prompt_lookup"`), `serving_default` decodes by
+    speculative greedy decoding (`model.generate_ids`'s `assistant_model`,
+    `num_speculative_tokens` guesses checked per forward pass of the
+    model): the same completions in fewer passes of the model. A draft's
+    weights are in the same SavedModel; the metadata's `assistant` says
+    which.
+
     `context_length` defaults to the model's `sequence_length`.
     `precision` (`"float32"`, `"bfloat16"`, `"int8"`, `"int4"`) exports a
-    copy of the model with its weights so (see `export_task`); None exports
-    it as it is.
+    copy of the model with its weights so (see `export_task`), and of a
+    draft `assistant_model`; None exports them as they are.
     """
     return export_with_options(
         model,
@@ -180,6 +231,8 @@ def export_language_model(
             "max_chars": max_chars,
             "continuous_cache": continuous_cache,
             "precision": precision,
+            "assistant_model": assistant_model,
+            "num_speculative_tokens": num_speculative_tokens,
         },
         argument="model",
         expected_task="language_model",

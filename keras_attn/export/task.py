@@ -189,6 +189,10 @@ def export_with_options(
     precision = check_precision(options.pop("precision", None))
     if precision is not None:
         task = with_precision(task, precision)
+        if isinstance(options.get("assistant_model"), keras.Model):
+            options["assistant_model"] = with_precision(
+                options["assistant_model"], precision
+            )
     spec = serving_spec(task, options, argument, expected_task)
     if expected_task is not None and spec.task != expected_task:
         raise ValueError(

@@ -795,6 +795,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         max_new_tokens: int | None = None,
         max_chars: int = 100_000,
         continuous_cache=None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
         (which `keras_attn.export.export_task` writes) of `serving_default`
@@ -805,8 +807,9 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         from keras_attn.export.language_model import language_model_serving_spec
 
         return language_model_serving_spec(
-            self, context_length, max_new_tokens, max_chars, continuous_cache
-        )
+            self, context_length, max_new_tokens, max_chars, continuous_cache,
+            assistant_model, num_speculative_tokens,
+        )  # fmt: skip
 
     def export(
         self,
@@ -818,6 +821,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         max_chars: int = 100_000,
         continuous_cache=None,
         precision: str | None = None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """Export for TF Serving (completions and scores of raw strings):
         `keras_attn.export.export_language_model(self, ...)` (see there),
@@ -835,6 +840,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             max_chars=max_chars,
             continuous_cache=continuous_cache,
             precision=precision,
+            assistant_model=assistant_model,
+            num_speculative_tokens=num_speculative_tokens,
         )
 
     def get_config(self):

@@ -296,3 +296,79 @@ def test_completions_are_valid_utf8(small_tokenizer, tmp_path, monkeypatch):
     for completion, eager in zip(completions, expected, strict=True):
         text = completion.decode("utf-8")  # strict: raises if not UTF-8
         assert text == eager + "\ufffd("
+
+
+@pytest.fixture(scope="module")
+def exported_with_a_draft(small_tokenizer, tmp_path_factory):
+    model = small_language_model(small_tokenizer)
+    draft = TransformerLanguageModel(
+        small_tokenizer.vocabulary_size,
+        sequence_length=CONTEXT,
+        embedding_dim=8,
+        num_layers=1,
+        num_heads=2,
+        intermediate_dim=16,
+        name="draft",
+    )
+    path = model.export(
+        tmp_path_factory.mktemp("export"),
+        max_new_tokens=6,
+        assistant_model=draft,
+        num_speculative_tokens=3,
+    )
+    return model, draft, path
+
+
+def test_an_export_with_a_draft_is_servable_and_completes_as_greedy_decoding(
+    exported_with_a_draft,
+):
+    """Speculative decoding in the served graph: the draft's weights in the
+    SavedModel, the completions those of plain greedy decoding in process."""
+    model, draft, path = exported_with_a_draft
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["assistant"] == {
+        "kind": "draft_model",
+        "num_speculative_tokens": 3,
+        "num_layers": 1,
+        "embedding_dim": 8,
+        "parameters": draft.count_params(),
+    }
+    loaded = tf.saved_model.load(str(path))
+    saved = {v.numpy().tobytes() for v in loaded.variables}
+    assert all(w.numpy().tobytes() in saved for w in draft.weights)
+    prompts = ["where is the house", "", "the station is near the"]
+    completions = loaded.signatures["serving_default"](prompt=tf.constant(prompts))
+    got = [c.decode("utf-8") for c in completions["completion"].numpy()]
+    assert got == model.generate(prompts, max_new_tokens=6)
+
+
+def test_an_export_with_prompt_lookup_completes_as_greedy_decoding(
+    small_tokenizer, tmp_path
+):
+    model = small_language_model(small_tokenizer)
+    path = model.export(tmp_path, max_new_tokens=6, assistant_model="prompt_lookup")
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["assistant"] == {
+        "kind": "prompt_lookup",
+        "num_speculative_tokens": 4,
+    }
+    prompts = ["the house the house the", "where"]
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+    got = [
+        c.decode("utf-8")
+        for c in serve(prompt=tf.constant(prompts))["completion"].numpy()
+    ]
+    assert got == model.generate(prompts, max_new_tokens=6)
+
+
+def test_a_bad_assistant_is_refused_before_exporting(small_tokenizer, tmp_path):
+    model = small_language_model(small_tokenizer)
+    with pytest.raises(ValueError, match="`assistant_model` must be a Transformer"):
+        model.export(tmp_path, assistant_model="ngrams")
+    with pytest.raises(ValueError, match="`num_speculative_tokens` must be a positive"):
+        model.export(
+            tmp_path, assistant_model="prompt_lookup", num_speculative_tokens=0
+        )
+    assert not any(tmp_path.iterdir())
