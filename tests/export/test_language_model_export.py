@@ -344,6 +344,10 @@ def test_an_export_with_a_draft_is_servable_and_completes_as_greedy_decoding(
     assert got == model.generate(prompts, max_new_tokens=6)
 
 
+# Slow: test_an_export_with_a_draft_is_servable_and_completes_as_greedy_decoding
+# serves the speculative loop, and tests/generation/test_speculative.py
+# checks prompt lookup's tokens in process.
+@pytest.mark.slow
 def test_an_export_with_prompt_lookup_completes_as_greedy_decoding(
     small_tokenizer, tmp_path
 ):
