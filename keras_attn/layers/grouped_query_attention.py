@@ -267,16 +267,10 @@ class GroupedQueryAttention(keras.layers.GroupQueryAttention):
                 cache, stacked, new_keys, new_values, cache_update_index
             )
         offset = kv_cache.cache_offset(cache_update_index)
-        window = self.sliding_window
-        if kv_cache.is_per_row(offset):
-            attention_mask, use_causal_mask, window, offset = kv_cache.per_row_band(
-                attention_mask,
-                use_causal_mask,
-                window,
-                offset,
-                ops.shape(query_heads)[1],
-                ops.shape(key_heads)[1],
-            )
+        attention_mask, use_causal_mask, window, offset = kv_cache.per_row_band(
+            attention_mask, use_causal_mask, self.sliding_window, offset,
+            query_heads, key_heads,
+        )  # fmt: skip
         explicit, key_padding, query_padding, has_keys = mask_components(
             query_heads,
             key_heads,

@@ -98,16 +98,20 @@ def row_positions(cache_update_index, length):
 
 
 def per_row_band(
-    attention_mask, use_causal_mask, sliding_window, cache_update_index, query_length,
-    key_length,
+    attention_mask, use_causal_mask, sliding_window, cache_update_index, query_heads,
+    key_heads,
 ):  # fmt: skip
-    """With a per-row `cache_update_index`, the causal mask and the sliding
-    window as an explicit `(batch, Tq, Tk)` mask ANDed into `attention_mask`
-    (each row's queries sit at their own positions; the band of the
-    attention op takes one offset for the batch). Returns the mask and the
-    band arguments left to the op: `(mask, use_causal_mask=False,
-    sliding_window=None, offset=0)`. A cached call has few queries, so the
-    mask is small."""
+    """The mask and band arguments the attention op takes for a call's
+    heads (`(batch, Tq, ...)` queries, `(batch, Tk, ...)` keys): as given
+    for a scalar (or no) `cache_update_index`; with a per-row one, the
+    causal mask and the sliding window as an explicit `(batch, Tq, Tk)` mask
+    ANDed into `attention_mask` (each row's queries sit at their own
+    positions; the band of the attention op takes one offset for the
+    batch), returned as `(mask, use_causal_mask=False, sliding_window=None,
+    offset=0)`. A cached call has few queries, so the mask is small."""
+    if not is_per_row(cache_update_index):
+        return attention_mask, use_causal_mask, sliding_window, cache_update_index
+    query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
     band = band_from_positions(
         row_positions(cache_update_index, query_length),
         ops.arange(key_length, dtype="int32"),

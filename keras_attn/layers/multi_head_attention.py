@@ -480,16 +480,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
             key_heads, value_heads, cache = kv_cache.updated_cache(
                 cache, stacked, new_keys, new_values, cache_update_index
             )
-        window = self.sliding_window
-        if kv_cache.is_per_row(offset):
-            attention_mask, use_causal_mask, window, offset = kv_cache.per_row_band(
-                attention_mask,
-                use_causal_mask,
-                window,
-                offset,
-                ops.shape(query_heads)[1],
-                ops.shape(key_heads)[1],
-            )
+        attention_mask, use_causal_mask, window, offset = kv_cache.per_row_band(
+            attention_mask, use_causal_mask, self.sliding_window, offset,
+            query_heads, key_heads,
+        )  # fmt: skip
         if rank == 3:
             arguments, has_keys = attention_arguments(
                 query_heads,
