@@ -458,17 +458,19 @@ def language_model_args(argv=None):
     parser.add_argument(
         "--position",
         choices=("learned", "sinusoidal", "rotary", "alibi"),
-        default="learned",
+        default=model["position"],
         help="positions: added to the embeddings (learned, sinusoidal) or "
-        "inside the attention (rotary, alibi)",
+        f"inside the attention (rotary, alibi); default {model['position']}, "
+        "chosen on the validation plays",
     )
     parser.add_argument(
         "--num-key-value-heads",
         type=int,
-        default=None,
+        default=model["num_key_value_heads"],
         metavar="K",
         help="grouped-query attention: K key/value heads dividing --num-heads "
-        "(default: --num-heads)",
+        f"(default {model['num_key_value_heads']}, chosen on the validation "
+        "plays; --num-heads for full multi-head attention)",
     )
     parser.add_argument(
         "--sliding-window",

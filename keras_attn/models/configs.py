@@ -184,6 +184,10 @@ _CONFIGS = {
                 "num_heads": 4,
                 "intermediate_dim": 512,
                 "dropout": 0.0,
+                # Chosen on the validation plays against learned positions
+                # and 4 key/value heads (BENCHMARKS.md).
+                "position": "rotary",
+                "num_key_value_heads": 2,
             },
             "data": {"vocabulary_size": 4000},
             "training": {
