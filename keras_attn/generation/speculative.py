@@ -31,6 +31,8 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.generation.beam_sampler import BeamSampler
+from keras_attn.generation.greedy_sampler import GreedySampler
 from keras_attn.generation.sampler import (
     CUT,
     Sampler,
@@ -66,9 +68,8 @@ class _Draws:
     seed per purpose (the draft's `j`-th guess, the acceptance tests, the
     corrections), each a fresh stream of the call's seed and the round."""
 
-    def __init__(self, sampler, seed, round_index, k):
+    def __init__(self, sampler, seed, round_index):
         self.sampler = sampler
-        self.k = k
         self.seed = counter_random.step_seed(seed, round_index)
 
     def seed_for(self, purpose):
@@ -161,7 +162,7 @@ class PromptLookupProposer:
         return ops.where(found[:, None], copied, repeat), None, state
 
 
-def _greedy_choice(logits, guesses, draws):
+def _greedy_choice(logits, guesses):
     """The target's argmax after each block position, and how many guesses
     agree with it (up to the first that does not)."""
     choice = _argmax(logits)  # (B, k+1)
@@ -282,9 +283,6 @@ def speculative_sample(
     Returns:
         int32 tokens `(B, output_length)`.
     """
-    from keras_attn.generation.beam_sampler import BeamSampler
-    from keras_attn.generation.greedy_sampler import GreedySampler
-
     if not isinstance(sampler, Sampler) or isinstance(sampler, BeamSampler):
         raise ValueError(
             "`sampler` must be a keras_attn.generation sampler that draws one "
@@ -328,14 +326,14 @@ def _speculative_loop(
 
     def body(tokens, decided, done, cache, draft_state, calls, row_calls):
         last = decided - 1  # (B,) position of the last decided token
-        draws = None if sampler is None else _Draws(sampler, seed, calls, k)
+        draws = None if sampler is None else _Draws(sampler, seed, calls)
         guesses, log_q, draft_state = proposer.propose(
             tokens, last, k, draft_state, draws
         )
         block = ops.concatenate([_gather_rows(tokens, last[:, None]), guesses], axis=1)
         logits, cache = next_fn(block, cache, last)  # (B, k+1, V)
         if draws is None:
-            choice, accepted = _greedy_choice(logits, guesses, draws)
+            choice, accepted = _greedy_choice(logits, guesses)
         else:
             choice, accepted = _sampled_choice(logits, guesses, log_q, draws)
         # choice (B, k+1): the token at each block position after the

@@ -17,15 +17,16 @@ pytestmark = pytest.mark.tf_only
 CONTEXT = 16
 
 
-def small_language_model(tokenizer):
+def small_language_model(tokenizer, embedding_dim=16, **kwargs):
     return TransformerLanguageModel(
         tokenizer.vocabulary_size,
         sequence_length=CONTEXT,
-        embedding_dim=16,
+        embedding_dim=embedding_dim,
         num_layers=1,
         num_heads=2,
-        intermediate_dim=32,
+        intermediate_dim=2 * embedding_dim,
         tokenizer=tokenizer,
+        **kwargs,
     )
 
 
@@ -301,15 +302,7 @@ def test_completions_are_valid_utf8(small_tokenizer, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def exported_with_a_draft(small_tokenizer, tmp_path_factory):
     model = small_language_model(small_tokenizer)
-    draft = TransformerLanguageModel(
-        small_tokenizer.vocabulary_size,
-        sequence_length=CONTEXT,
-        embedding_dim=8,
-        num_layers=1,
-        num_heads=2,
-        intermediate_dim=16,
-        name="draft",
-    )
+    draft = small_language_model(small_tokenizer, embedding_dim=8, name="draft")
     path = model.export(
         tmp_path_factory.mktemp("export"),
         max_new_tokens=6,

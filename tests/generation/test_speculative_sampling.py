@@ -184,19 +184,23 @@ def test_speculative_samples_follow_the_targets_distribution(kind, proposer):
         helper = generation.DraftModelProposer(DRAFT, DRAFT.initial_cache(len(prompt)))
     else:
         helper = generation.PromptLookupProposer(ngram_size=1)
-    tokens, stats = generation.speculative_sample(
-        TARGET,
-        helper,
-        prompt,
-        TARGET.initial_cache(len(prompt)),
-        MAX_LENGTH,
-        sampler=SAMPLERS[kind](),
-        seed=11,
-        num_speculative_tokens=2,
-        prompt_lengths=lengths,
-        end_token_id=END,
-        return_stats=True,
-    )
+
+    def decode():
+        return generation.speculative_sample(
+            TARGET,
+            helper,
+            prompt,
+            TARGET.initial_cache(len(prompt)),
+            MAX_LENGTH,
+            sampler=SAMPLERS[kind](),
+            seed=11,
+            num_speculative_tokens=2,
+            prompt_lengths=lengths,
+            end_token_id=END,
+            return_stats=True,
+        )
+
+    tokens, stats = decode()
     tokens = to_numpy(tokens)
     check_follows_the_target(tokens, kind)
     # Some rows kept guesses (fewer target calls than new tokens), some
@@ -206,19 +210,7 @@ def test_speculative_samples_follow_the_targets_distribution(kind, proposer):
     assert (new > calls).mean() > 0.1 and (calls > -(-new // 3)).mean() > 0.1
     assert new.sum() / calls.sum() > (1.3 if proposer == "draft" else 1.05)
     # The same seed draws the same tokens.
-    again = generation.speculative_sample(
-        TARGET,
-        helper,
-        prompt,
-        TARGET.initial_cache(len(prompt)),
-        MAX_LENGTH,
-        sampler=SAMPLERS[kind](),
-        seed=11,
-        num_speculative_tokens=2,
-        prompt_lengths=lengths,
-        end_token_id=END,
-    )
-    np.testing.assert_array_equal(to_numpy(again), tokens)
+    np.testing.assert_array_equal(to_numpy(decode()[0]), tokens)
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLERS))
