@@ -79,14 +79,13 @@ def language_model_serving_spec(
     `log_likelihood`, `num_tokens`), with `export_language_model`'s
     options."""
     from keras_attn import _validation as v
-    from keras_attn.models.language_model import check_assistant
 
     check_continuous_cache(continuous_cache)
     if context_length is None:
         context_length = model.sequence_length
     model.prompt_room(max_new_tokens, context_length)  # raises if it does not fit
     if assistant_model is not None:
-        check_assistant(model, assistant_model, "greedy", context_length)
+        model.check_assistant(assistant_model, "greedy", context_length)
         v.check_positive_int("num_speculative_tokens", num_speculative_tokens)
     complete, score, serving_tokenizer = language_model_serving_fns(
         model, context_length, max_new_tokens, max_chars, continuous_cache,

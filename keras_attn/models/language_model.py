@@ -306,7 +306,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         self, prompt, max_length, sampler, prompt_lengths, end_token_id, seed,
         assistant_model, num_speculative_tokens,
     ):  # fmt: skip
-        check_assistant(self, assistant_model, sampler, max_length)
+        self.check_assistant(assistant_model, sampler, max_length)
         batch = ops.shape(prompt)[0]
         if isinstance(assistant_model, str):
             proposer = generation.PromptLookupProposer()
@@ -512,6 +512,44 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         from keras_attn.text import LanguageModelPreprocessor
 
         return LanguageModelPreprocessor(tokenizer, self.sequence_length)
+
+    def check_assistant(self, assistant_model, sampler, max_length) -> None:
+        """Raises unless this model can decode with `assistant_model`:
+        `"prompt_lookup"` or a language model on its vocabulary with room for
+        `max_length` tokens, with greedy decoding or a sampler that draws one
+        token per row."""
+        if isinstance(assistant_model, str):
+            if assistant_model != "prompt_lookup":
+                raise ValueError(
+                    "`assistant_model` must be a TransformerLanguageModel or "
+                    f"'prompt_lookup'. Received: assistant_model={assistant_model!r}"
+                )
+        elif not isinstance(assistant_model, TransformerLanguageModel):
+            raise ValueError(
+                "`assistant_model` must be a TransformerLanguageModel or "
+                f"'prompt_lookup'. Received: assistant_model={assistant_model!r}"
+            )
+        else:
+            if assistant_model.vocabulary_size != self.vocabulary_size:
+                raise ValueError(
+                    "`assistant_model` must share the model's vocabulary. Received: "
+                    f"an assistant of vocabulary_size={assistant_model.vocabulary_size}"
+                    f" for a model of vocabulary_size={self.vocabulary_size}"
+                )
+            length = assistant_model.sequence_length
+            if isinstance(max_length, int) and length < max_length:
+                raise ValueError(
+                    f"`assistant_model` must hold {max_length} tokens. Received: an "
+                    f"assistant of sequence_length={length}"
+                )
+        if not (sampler == "greedy" or isinstance(sampler, generation.Sampler)) or (
+            isinstance(sampler, generation.BeamSampler)
+        ):
+            raise ValueError(
+                "Speculative decoding (`assistant_model`) takes 'greedy' or a "
+                "sampler that draws one token per row (RandomSampler, TopKSampler, "
+                f"TopPSampler), not beam search. Received: sampler={sampler!r}"
+            )
 
     @staticmethod
     def prompt_room(max_new_tokens, context) -> int:
@@ -853,41 +891,3 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
             **self.head_policy_config(),
         }
-
-
-def check_assistant(model, assistant_model, sampler, max_length) -> None:
-    """An `assistant_model` `model` can decode with: `"prompt_lookup"` or a
-    language model on its vocabulary with room for `max_length` tokens, with
-    greedy decoding or a sampler that draws one token per row."""
-    if isinstance(assistant_model, str):
-        if assistant_model != "prompt_lookup":
-            raise ValueError(
-                "`assistant_model` must be a TransformerLanguageModel or "
-                f"'prompt_lookup'. Received: assistant_model={assistant_model!r}"
-            )
-    elif not isinstance(assistant_model, TransformerLanguageModel):
-        raise ValueError(
-            "`assistant_model` must be a TransformerLanguageModel or "
-            f"'prompt_lookup'. Received: assistant_model={assistant_model!r}"
-        )
-    else:
-        if assistant_model.vocabulary_size != model.vocabulary_size:
-            raise ValueError(
-                "`assistant_model` must share the model's vocabulary. Received: "
-                f"an assistant of vocabulary_size={assistant_model.vocabulary_size}"
-                f" for a model of vocabulary_size={model.vocabulary_size}"
-            )
-        if isinstance(max_length, int) and assistant_model.sequence_length < max_length:
-            raise ValueError(
-                f"`assistant_model` must hold {max_length} tokens. Received: an "
-                "assistant of sequence_length="
-                f"{assistant_model.sequence_length}"
-            )
-    if not (sampler == "greedy" or isinstance(sampler, generation.Sampler)) or (
-        isinstance(sampler, generation.BeamSampler)
-    ):
-        raise ValueError(
-            "Speculative decoding (`assistant_model`) takes 'greedy' or a "
-            "sampler that draws one token per row (RandomSampler, TopKSampler, "
-            f"TopPSampler), not beam search. Received: sampler={sampler!r}"
-        )
