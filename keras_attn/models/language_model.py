@@ -689,15 +689,14 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         first = len(row)  # the first new token's position
         last = total - 1 if max_new_tokens is None else first + max_new_tokens - 1
         start, advance = self._compiled_stream(width, total, sampler)
-        detokenize, byte_pieces = streaming.text_of(self, self.tokenizer)
+        detokenizing = streaming.text_of(self, self.tokenizer)
         return streaming.stream_pieces(
             lambda until: start(prompt_ids, lengths, seed, until),
             advance,
             first,
             last,
             chunk_size,
-            detokenize,
-            byte_pieces,
+            *detokenizing,
         )
 
     def _stream_sampler(self, sampler):

@@ -48,15 +48,21 @@ class TextPieces:
         byte_pieces: `{token id: byte}` of the vocabulary's byte pieces
             (`byte_pieces(tokenizer)`). Without it, every trailing U+FFFD is
             held back until a later character follows it.
+        dropped_ids: the ids the detokenizer leaves out of the text, so that
+            the byte pieces on either side of one join into one character
+            (SentencePiece's control pieces `<s>`, `</s>`, `<pad>`:
+            `dropped_ids(detokenize, byte_pieces)`).
     """
 
     def __init__(
         self,
         detokenize: Callable[[list[list[int]]], list[str]],
         byte_pieces: dict[int, int] | None = None,
+        dropped_ids: frozenset[int] = frozenset(),
     ):
         self.detokenize = detokenize
         self.byte_pieces = byte_pieces
+        self.dropped_ids = dropped_ids
         self.ids: list[int] = []
         self.sent = ""
 
@@ -65,9 +71,11 @@ class TextPieces:
         come (None: not known)."""
         if self.byte_pieces is None:
             return None
-        tail = []
-        for token_id in reversed(ids[-3:]):
-            if token_id not in self.byte_pieces:
+        tail = []  # the last three byte pieces, the dropped ids skipped
+        for token_id in reversed(ids):
+            if token_id in self.dropped_ids:
+                continue
+            if token_id not in self.byte_pieces or len(tail) == 3:
                 break
             tail.append(self.byte_pieces[token_id])
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -151,6 +159,18 @@ def byte_pieces(tokenizer) -> dict[int, int] | None:
     return found
 
 
+def dropped_ids(detokenize, byte_pieces, vocabulary_size: int) -> frozenset[int]:
+    """The ids `detokenize` leaves out of the text: those between the byte
+    pieces of `é` (`<0xC3>`, `<0xA9>`) that still give `é`. Empty without
+    those byte pieces (no character is then split over tokens)."""
+    ids = {byte: token_id for token_id, byte in (byte_pieces or {}).items()}
+    if 0xC3 not in ids or 0xA9 not in ids:
+        return frozenset()
+    rows = [[ids[0xC3], token_id, ids[0xA9]] for token_id in range(vocabulary_size)]
+    texts = detokenize(rows)
+    return frozenset(i for i, text in enumerate(texts) if text == "\u00e9")
+
+
 def decode_chunk(sampler, next_fn, state, until):
     """One chunk of a streamed decoding: `sampler.decode` of `state` until
     its index reaches `until` (stopping at END_ID), returned as
@@ -176,6 +196,7 @@ def stream_pieces(
     chunk_size: int,
     detokenize: Callable[[list[list[int]]], list[str]],
     byte_pieces: dict[int, int] | None = None,
+    dropped: frozenset[int] = frozenset(),
 ) -> Iterator[str]:
     """The text pieces of a chunked decoding, as they are decoded.
 
@@ -191,11 +212,12 @@ def stream_pieces(
             token, for a first piece as early as can be).
         detokenize: lists of new token ids -> their texts (`TextPieces`).
         byte_pieces: the tokenizer's byte pieces (`TextPieces`).
+        dropped: the ids the detokenizer leaves out (`TextPieces`).
 
     `tokens` `(1, L)` holds the decided tokens, final up to `index` while
     `running`, and all of them once not; new tokens end at the end token.
     """
-    pieces = TextPieces(detokenize, byte_pieces)
+    pieces = TextPieces(detokenize, byte_pieces, dropped)
     position = first
     found = start(np.int32(min(first, last)))
     while True:
@@ -229,14 +251,17 @@ def _numpy(x):
 
 
 def text_of(model, tokenizer):
-    """`(detokenize, byte_pieces)` of `tokenizer` for `stream_pieces`, built
-    once and kept on `model` (rebuilt when the tokenizer is another)."""
-    return _task.cached(
-        model,
-        "stream_text",
-        [tokenizer],
-        lambda: (compiled_detokenizer(tokenizer), byte_pieces(tokenizer)),
-    )
+    """`(detokenize, byte_pieces, dropped)` of `tokenizer` for
+    `stream_pieces`, built once and kept on `model` (rebuilt when the
+    tokenizer is another)."""
+
+    def build():
+        detokenize = compiled_detokenizer(tokenizer)
+        table = byte_pieces(tokenizer)
+        size = tokenizer.vocabulary_size
+        return detokenize, table, dropped_ids(detokenize, table, size)
+
+    return _task.cached(model, "stream_text", [tokenizer], build)
 
 
 def check_chunk_size(chunk_size) -> int:

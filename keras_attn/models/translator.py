@@ -221,15 +221,14 @@ class Translator(GenerativeTask, keras.Model):
             max_length, nearest_neighbors, ids.shape[1]
         )
 
-        detokenize, byte_pieces = streaming.text_of(self, target)
+        detokenizing = streaming.text_of(self, target)
         return streaming.stream_pieces(
             lambda until: start(ids, until),
             advance,
             1,  # after the start token
             max_length,
             chunk_size,
-            detokenize,
-            byte_pieces,
+            *detokenizing,
         )
 
     def _compiled_stream_decoding(self, max_length, knn, source_width):

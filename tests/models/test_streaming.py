@@ -180,6 +180,54 @@ def test_text_pieces_hold_back_a_character_until_its_bytes_have_come(
     assert got[:3] == (["\ufffd"] * 3 if known_bytes else ["", "", ""])
 
 
+def test_ids_the_detokenizer_drops_do_not_split_a_character(small_tokenizer):
+    """SentencePiece leaves `<s>` out of the text, so the byte pieces on
+    either side of it join into one character: the piece before it is held
+    back, not given as U+FFFD (a model with random weights can draw `<s>`).
+    Then random id sequences, every id drawn (byte pieces more often),
+    streamed in random chunks, join to the whole text."""
+    from keras_attn.models.streaming import (
+        byte_pieces,
+        compiled_detokenizer,
+        dropped_ids,
+    )
+    from keras_attn.text.preprocessors import detokenized_texts
+
+    detokenize = compiled_detokenizer(small_tokenizer)
+    table = byte_pieces(small_tokenizer)
+    size = small_tokenizer.vocabulary_size
+    dropped = dropped_ids(detokenize, table, size)
+    assert dropped == {_task.PAD_ID, _task.START_ID}  # the text ends at END_ID
+    assert dropped_ids(detokenize, None, size) == frozenset()
+
+    def streamed(ids, chunks):
+        pieces = TextPieces(detokenize, table, dropped)
+        got, at = [], 0
+        for n in chunks:
+            got += pieces.extend(ids[at : at + n])
+            at += n
+        return [*got, pieces.close()]
+
+    e_acute = byte_ids(small_tokenizer, "é")  # <0xC3>, <0xA9>
+    ids = [*small_tokenizer.tokenize(["ab"]).to_list()[0], e_acute[0]]
+    ids += [_task.START_ID, e_acute[1]]
+    got = streamed(ids, [1] * len(ids))
+    assert "".join(got) == "abé" == detokenized_texts(small_tokenizer, [ids])[0]
+    assert "\ufffd" not in "".join(got)
+
+    rng = np.random.default_rng(0)
+    byte_ids_all = np.array(sorted(table))
+    for _ in range(200):
+        length = int(rng.integers(1, 24))
+        ids = np.where(
+            rng.random(length) < 0.6,
+            rng.choice(byte_ids_all, length),
+            rng.integers(0, size, length),
+        ).tolist()
+        chunks = rng.integers(1, 5, length).tolist()
+        assert "".join(streamed(ids, chunks)) == detokenize([ids])[0], ids
+
+
 def test_multi_byte_text_streams_as_whole_characters(small_tokenizer):
     """A model whose output projection favours the byte pieces of `é`, `ä`,
     `ö`, `ü` (lead byte 0xC3) draws valid two-byte characters and invalid
@@ -232,6 +280,9 @@ def test_the_decoding_is_traced_once_and_reused(small_tokenizer, monkeypatch):
         assert counting.count == 4 * traced  # the same calls, three times more
 
 
+# Slow: quantizing after the first call: test_quantize.py; streaming:
+# test_greedy_pieces_join_to_generate
+@pytest.mark.slow
 def test_a_quantized_model_streams_with_its_quantized_weights(small_tokenizer):
     model = language_model(small_tokenizer, seed=4)
     twin = language_model(small_tokenizer, seed=4)
@@ -300,7 +351,10 @@ def test_a_model_loaded_in_a_fresh_process_streams(lm, tmp_path):
 # -- the translator ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+# The rnn translator streams through the same loop; it runs with the slow tests.
+@pytest.mark.parametrize(
+    "kind", ["transformer", pytest.param("rnn", marks=pytest.mark.slow)]
+)
 def test_streamed_translations_join_to_greedy_translate(
     small_tokenizer, monkeypatch, kind
 ):
