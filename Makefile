@@ -30,17 +30,17 @@ PYTEST_WORKERS ?= 2
 # fixtures (trained models, exports) are mostly built once rather than once
 # per worker (the export tests run about 20% faster than under `load`).
 PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS) --dist worksteal
-# Op, layer, decoding and memory tests run a second time on the JAX backend.
-# The other backends' runs are in `make test-backends` (run by .ci/run after
-# `make test`, which would pass its 20-minute budget with them): on JAX the
-# property tests (compiling each drawn shape makes them about 5
-# worker-minutes there) and the task-level modules of JAX_MODEL_TESTS
-# (quantizing, streaming, compiled task methods, dtypes: 12.5
-# worker-minutes on the VNNI Xeon, 2026-12-04, where `make test` took
-# 25:24 + 19:37 with them); on PyTorch all of those and the model classes.
-JAX_TESTS := tests/ops tests/layers tests/generation tests/memory
+# The op, layer, decoding and memory tests run on every backend. `make test`
+# runs all of them on TensorFlow and, on JAX, the ops, the two attention
+# classes that replace Keras's and the samplers (JAX_TESTS); `make
+# test-backends` (run by .ci/run after `make test`) runs the rest on JAX
+# (the other layers, decoding and memory modules; the property tests, whose
+# drawn shapes each compile; the task-level modules of JAX_MODEL_TESTS) and
+# all of them on PyTorch, so CI covers the same tests on each backend.
+BACKEND_TESTS := tests/ops tests/layers tests/generation tests/memory
+JAX_TESTS := tests/ops tests/layers/test_multi_head_attention.py tests/layers/test_grouped_query_attention.py tests/generation/test_sampler.py tests/generation/test_beam_sampler.py
 JAX_MODEL_TESTS := tests/models/test_compiled_forward.py tests/models/test_dtype.py tests/models/test_quantize.py tests/models/test_language_model_positions.py tests/models/test_streaming.py
-TORCH_TESTS := $(JAX_TESTS) $(JAX_MODEL_TESTS) tests/property tests/models/test_torch_backend.py
+TORCH_TESTS := $(BACKEND_TESTS) $(JAX_MODEL_TESTS) tests/property tests/models/test_torch_backend.py
 # PyTorch's CPU build for Python 3.11 where the index offers one (pip takes
 # a local wheel of this version first); elsewhere PyPI's build, which runs on
 # the CPU too.
@@ -106,9 +106,8 @@ test-tf: $(STAMP)
 
 # Keras's shipped MultiHeadAttention / GroupQueryAttention suites run on our
 # classes in the TensorFlow run here, on JAX and PyTorch in test-backends.
-KERAS_SUITES := tests/layers/test_keras_mha_conformance.py tests/layers/test_keras_gqa_conformance.py
 test-jax: $(STAMP)
-	KERAS_BACKEND=jax $(VENV)/bin/pytest $(PYTEST_FLAGS) $(wildcard $(JAX_TESTS)) $(addprefix --ignore=,$(KERAS_SUITES))
+	KERAS_BACKEND=jax $(VENV)/bin/pytest $(PYTEST_FLAGS) $(wildcard $(JAX_TESTS))
 
 $(TORCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet 'torch==$(TORCH_VERSION)'
@@ -118,7 +117,7 @@ test-torch: $(TORCH_STAMP)
 	KERAS_BACKEND=torch $(VENV)/bin/pytest $(PYTEST_FLAGS) $(wildcard $(TORCH_TESTS))
 
 test-backends: $(STAMP) test-torch
-	KERAS_BACKEND=jax $(VENV)/bin/pytest $(PYTEST_FLAGS) tests/property tests/models/test_torch_backend.py $(KERAS_SUITES) $(wildcard $(JAX_MODEL_TESTS))
+	KERAS_BACKEND=jax $(VENV)/bin/pytest $(PYTEST_FLAGS) $(filter-out $(JAX_TESTS),$(BACKEND_TESTS)) tests/property tests/models/test_torch_backend.py $(wildcard $(JAX_MODEL_TESTS)) $(addprefix --ignore=,$(filter-out $(BACKEND_TESTS),$(JAX_TESTS)))
 
 # End-to-end runs whose parts the default tests cover (marked `slow`: example
 # scripts, served exports, the JAX import without TensorFlow, the

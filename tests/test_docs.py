@@ -5,6 +5,8 @@ them one after another), in a temporary working directory, on the backend of
 the test run. The info string says how a block runs:
 
 - ```python            runs in the default test run;
+- ```python slow       trains or exports for tens of seconds: runs with the
+                        slow tests (`make test-slow`, CI);
 - ```python large      needs downloads or long training: runs with `-m large`;
 - ```python tf_only    needs TensorFlow (tf.data, SavedModel): TensorFlow run only.
 
@@ -22,7 +24,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
-KNOWN_FLAGS = {"large", "tf_only"}
+KNOWN_FLAGS = {"large", "slow", "tf_only"}
 
 
 def doc_pages() -> list[Path]:
@@ -53,31 +55,47 @@ def python_blocks(page: Path) -> list[tuple[int, set[str], str]]:
 
 
 def _page_params():
-    """One test per page for its default blocks, one `large` test per page
-    with large blocks (it runs the whole page, in order)."""
+    """Per page: one test for its default blocks, one `slow` test when it has
+    blocks flagged `slow` (the page's blocks but its `large` ones, in order),
+    one `large` test when it has large blocks (the whole page, in order)."""
     params = []
     for page in doc_pages():
         blocks = python_blocks(page)
         flags = set().union(set(), *(block[1] for block in blocks))
         name = str(page.relative_to(REPO_ROOT))
         tf_mark = [pytest.mark.tf_only] if "tf_only" in flags else []
-        if any("large" not in block[1] for block in blocks):
-            params.append(pytest.param(page, False, marks=tf_mark, id=name))
+        if any(not block[1] & {"slow", "large"} for block in blocks):
+            params.append(pytest.param(page, set(), marks=tf_mark, id=name))
+        if "slow" in flags:
+            params.append(
+                pytest.param(
+                    page,
+                    {"slow"},
+                    marks=[pytest.mark.slow, *tf_mark],
+                    id=name + "-slow",
+                )
+            )
         if "large" in flags:
             params.append(
                 pytest.param(
-                    page, True, marks=[pytest.mark.large, *tf_mark], id=name + "-large"
+                    page,
+                    {"slow", "large"},
+                    marks=[pytest.mark.large, *tf_mark],
+                    id=name + "-large",
                 )
             )
     return params
 
 
-@pytest.mark.parametrize(("page", "with_large"), _page_params())
-def test_code_blocks_run(page, with_large, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("page", "runs"), _page_params())
+def test_code_blocks_run(page, runs, tmp_path, monkeypatch):
+    """Runs the page's blocks in order, those flagged `slow` or `large` only
+    in the test of that flag. A block that needs a slow one is flagged slow
+    itself."""
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__docs__"}
     for line, flags, source in python_blocks(page):
-        if "large" in flags and not with_large:
+        if flags & {"slow", "large"} - runs:
             continue
         code = compile(source, f"{page.name}:{line}", "exec")
         try:

@@ -55,6 +55,10 @@ def assert_float32_variables_finite(model):
         assert np.isfinite(keras.ops.convert_to_numpy(variable)).all(), variable.path
 
 
+# Slow: the script end to end; float16's optimizer wrapping and loss scale:
+# test_float16_compile_wraps_the_optimizer_and_scales_the_loss,
+# test_float16_loss_scale_backs_off_from_overflow
+@pytest.mark.slow
 def test_sentiment_script_float16_trains_with_loss_scaling(
     reviews_file, tmp_path, monkeypatch
 ):

@@ -65,8 +65,14 @@ def sentiment_file(tmp_path):
     return write_reviews(tmp_path / "reviews.tsv", 12)
 
 
+# The three scripts build their parsers alike; two run with the slow tests.
 @pytest.mark.parametrize(
-    "script", ["sentiment.py", "translate.py", "language_model.py"]
+    "script",
+    [
+        "sentiment.py",
+        pytest.param("translate.py", marks=pytest.mark.slow),
+        pytest.param("language_model.py", marks=pytest.mark.slow),
+    ],
 )
 def test_help(script):
     text = run_script(script, "--help")

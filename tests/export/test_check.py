@@ -147,6 +147,9 @@ def test_model_directories_resolve_to_their_highest_version(tmp_path):
         resolve_version_dir(tmp_path)
 
 
+# Slow: a process per case; the path rule:
+# test_model_directories_resolve_to_their_highest_version
+@pytest.mark.slow
 def test_cli_usage_errors(small_sentiment_export):
     """(A servable export exits with 0: test_sentiment_export.py's CLI test.)"""
 

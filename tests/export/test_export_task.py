@@ -83,7 +83,18 @@ TASKS = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(TASKS))
+# The rnn translator's and the language model's exports are served in
+# test_translator_export.py and test_language_model_export.py; here they run
+# with the slow tests.
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(kind, marks=pytest.mark.slow)
+        if kind in ("rnn", "language_model")
+        else kind
+        for kind in sorted(TASKS)
+    ],
+)
 def test_the_one_exporter_serves_each_task(kind, small_tokenizer, tmp_path):
     options, task_name, model_name = TASKS[kind]
     task = small_task(kind, small_tokenizer)

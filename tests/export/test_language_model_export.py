@@ -228,6 +228,10 @@ def test_the_cache_export_scores_as_the_cache_of_keras_attn_memory(
     assert whole.numpy()[1] != pytest.approx(windowed.numpy()[1], rel=1e-4)
 
 
+# Slow: the cache export's answers:
+# test_the_cache_export_scores_as_the_cache_of_keras_attn_memory; the export's
+# servability: test_servable
+@pytest.mark.slow
 def test_the_cache_export_is_servable_and_takes_any_input(exported_with_cache):
     path = exported_with_cache[CACHE]
     report = check_servable(path, verbose=False)

@@ -70,6 +70,10 @@ def test_every_attention_of_the_graph_is_memory_efficient(exported):
     assert taken["explicit"] == 0
 
 
+# Slow: the graph and its answers:
+# test_every_attention_of_the_graph_is_memory_efficient,
+# test_scores_equal_the_explicit_path
+@pytest.mark.slow
 def test_servable_with_its_warmup_requests(exported):
     _, _, path, _ = exported
     report = check_servable(path, verbose=False)

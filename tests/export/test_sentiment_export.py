@@ -135,6 +135,8 @@ def test_check_fails_when_the_export_disagrees_with_the_model(exported, tmp_path
     assert any("tf1 loader" in p for p in report.problems)
 
 
+# Slow: the check's report and CLI: test_layout_metadata_and_servability, test_cli_check
+@pytest.mark.slow
 def test_check_prints_rest_requests_and_the_served_responses(exported):
     model, tokenizer, _, path = exported
     texts = ["the plot is thin", "a gorgeous witty film"]

@@ -190,6 +190,9 @@ class TFFunctionTest(TestCase):
         # No argument value folded in as a constant: one program for both.
         self.assertTrue(hlo[0] == hlo[1], "the HLO differs between the calls")
 
+    # Slow: every task export loads with TensorFlow alone in check_servable
+    # (tests/export)
+    @pytest.mark.slow
     def test_saved_model_runs_with_tensorflow_only(self):
         import tensorflow as tf
 

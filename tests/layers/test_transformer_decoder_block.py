@@ -675,6 +675,9 @@ class TransformerDecoderBlockTest(TestCase):
         )
 
     @pytest.mark.tf_only
+    # Slow: the blocks' SavedModel path is the tasks' exports (tests/export);
+    # MultiHeadAttention's round trip runs by default
+    @pytest.mark.slow
     def test_saved_model_round_trip(self):
         target_ids = keras.Input((None,), dtype="int32", name="target_ids")
         source_ids = keras.Input((None,), dtype="int32", name="source_ids")

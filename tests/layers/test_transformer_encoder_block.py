@@ -111,6 +111,10 @@ class TransformerEncoderBlockTest(TestCase):
         )
         self.assertFalse(np.allclose(got[~real], want[~real], atol=tolerance))
 
+    # Slow: int8 attention: test_multi_head_attention.py's
+    # test_int8_quantization_reaches_every_projection; quantized tasks:
+    # tests/models/test_quantize.py
+    @pytest.mark.slow
     def test_int8_quantization_as_keras_hub_and_through_save_and_load(self):
         def encoder(block_class):
             inputs = keras.Input((5, 8))
@@ -253,6 +257,9 @@ class TransformerEncoderBlockTest(TestCase):
         )
 
     @pytest.mark.tf_only
+    # Slow: the blocks' SavedModel path is the tasks' exports (tests/export);
+    # MultiHeadAttention's round trip runs by default
+    @pytest.mark.slow
     def test_saved_model_round_trip(self):
         tokens = keras.Input((None,), dtype="int32", name="tokens")
         x = keras.layers.Embedding(12, 8, mask_zero=True)(tokens)

@@ -1,6 +1,6 @@
 """`_task.compiled_forward`, the network call of the task methods: the model's
 answer for any number of rows, on TensorFlow and on JAX, with the weights of
-the moment (this module runs in `make test-jax` too)."""
+the moment (this module runs on JAX in `make test-backends`)."""
 
 import keras
 import numpy as np

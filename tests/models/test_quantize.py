@@ -3,7 +3,7 @@ quantizes, answers close to the float task's, `.keras` files and presets
 that load quantized and answer the same (in a fresh process too), and the
 compiled task methods answering with the quantized weights when the task is
 quantized after their first call. Token ids on TensorFlow and JAX (this
-module runs in `make test-jax` too); the text methods need TensorFlow Text
+module runs on JAX in `make test-backends`); the text methods need TensorFlow Text
 (`tf_only`)."""
 
 import json
@@ -236,7 +236,10 @@ def _with_tokenizer(model, tokenizer):
     return model
 
 
-@pytest.mark.parametrize("name", ["classifier", "ensemble"])
+# The ensemble wraps classifiers; it runs with the slow tests.
+@pytest.mark.parametrize(
+    "name", ["classifier", pytest.param("ensemble", marks=pytest.mark.slow)]
+)
 def test_classifying_answers_with_weights_quantized_after_the_first_call(name, request):
     """`classify` and `predict(texts)` (TensorFlow), or their network pass
     `_task.compiled_forward` (token ids)."""
@@ -262,7 +265,11 @@ def test_classifying_answers_with_weights_quantized_after_the_first_call(name, r
     _check_close(want, float_answer, "int4")
 
 
-@pytest.mark.parametrize("name", ["transformer", "rnn"])
+# The rnn translator shares the translators' compiled decoding; it runs with
+# the slow tests.
+@pytest.mark.parametrize(
+    "name", ["transformer", pytest.param("rnn", marks=pytest.mark.slow)]
+)
 def test_translating_answers_with_weights_quantized_after_the_first_call(name, request):
     """Beam and greedy decoding (`_compiled_decoding`, and on TensorFlow
     `translate`, which runs the same compiled functions on the tokenized

@@ -146,7 +146,15 @@ class Growth(float):
 METHODS = ["classify", "translate", "generate", "score"]
 
 
-@pytest.mark.parametrize("method", METHODS)
+# The language model's `generate` at scale runs with the slow tests; its
+# batching runs by default in test_task_batching.py.
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param(method, marks=pytest.mark.slow) if method == "generate" else method
+        for method in METHODS
+    ],
+)
 def test_memory_stays_flat_from_200_to_2000_texts(method, inputs, tmp_path):
     assert peak_growth(method, inputs, tmp_path) < BOUND_MIB
 

@@ -155,6 +155,9 @@ def answers_in_a_fresh_process(kind: str, paths: list) -> list:
     return json.loads(found.stdout.strip().splitlines()[-1])
 
 
+# Slow: each task loads in a fresh process in test_tasks.py; the assets:
+# test_presets_write_and_read_tokenizer_assets
+@pytest.mark.slow
 def test_keras_files_hold_vocabularies_as_assets_and_load_anywhere(tasks, tmp_path):
     paths, wants = [], []
     for name, task in tasks.items():
@@ -200,8 +203,17 @@ def test_a_loaded_translator_keeps_one_tokenizer_for_both_sides(
     assert loaded.target_tokenizer.proto == small_tokenizer.proto
 
 
+# The translator's tokenizers:
+# test_a_loaded_translator_keeps_one_tokenizer_for_both_sides; its preset runs
+# with the slow tests.
 @pytest.mark.parametrize(
-    "name", ["classifier", "wordpiece_classifier", "language_model", "translator"]
+    "name",
+    [
+        "classifier",
+        "wordpiece_classifier",
+        "language_model",
+        pytest.param("translator", marks=pytest.mark.slow),
+    ],
 )
 def test_presets_write_and_read_tokenizer_assets(tasks, name, tmp_path):
     task = tasks[name]

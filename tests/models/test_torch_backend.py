@@ -1,7 +1,7 @@
 """The backbones and tasks on whichever backend runs the tests.
 
-This module runs on TensorFlow (`make test`), JAX (`make test-jax`) and
-PyTorch (`make test-torch`). On PyTorch a Keras layer is a
+This module runs on TensorFlow (`make test`), JAX and PyTorch (`make
+test-backends`). On PyTorch a Keras layer is a
 `torch.nn.Module`, which refuses a layer-valued attribute before
 `Module.__init__`: the functional backbones and tasks set theirs before
 `keras.Model.__init__` (keras_attn.models._setattr), and until they did,

@@ -221,6 +221,9 @@ def test_float16_keeps_the_average_inside_the_loss_scale_optimizer(tmp_path):
     assert_weights_close(model.get_weights(), moving_average(applied))
 
 
+# Slow: the script end to end; the average's callbacks:
+# test_an_early_stop_ends_with_the_average_and_checkpoints_it
+@pytest.mark.slow
 def test_sentiment_script_validates_and_stops_with_the_average(tmp_path, monkeypatch):
     """The script's wiring: the optimizer keeps the average, and the swap sits
     after the backup and the early stop and before the best checkpoint."""
