@@ -22,6 +22,8 @@ def translator_serving_fns(
     beam_width,
     length_penalty,
     nearest_neighbors=None,
+    assistant_model=None,
+    num_speculative_tokens=4,
 ):
     """The two signature functions and the objects they need tracked (what
     `Translator.serving_spec` serves)."""
@@ -33,8 +35,9 @@ def translator_serving_fns(
         tokenizer.copy() for tokenizer in (source_tokenizer, target_tokenizer)
     )
     decode = translator.decoding_fn(
-        max_length, beam_width, length_penalty, nearest_neighbors
-    )
+        max_length, beam_width, length_penalty, nearest_neighbors,
+        assistant_model, num_speculative_tokens,
+    )  # fmt: skip
     source_pieces = tf.constant(_pieces(source_tokenizer))
     target_pieces = tf.constant(_pieces(target_tokenizer))
 
@@ -72,6 +75,8 @@ def translator_serving_fns(
     tracked = (source, target)
     if nearest_neighbors is not None:
         tracked += (nearest_neighbors.weights_layer(),)
+    if assistant_model is not None:
+        tracked += (assistant_model,)
     return translate, translate_with_alignment, tracked
 
 
@@ -81,6 +86,8 @@ def translator_serving_spec(
     beam_width: int = 4,
     length_penalty: float = 1.0,
     nearest_neighbors=None,
+    assistant_model=None,
+    num_speculative_tokens: int = 4,
 ) -> ServingSpec:
     """`Translator.serving_spec`: the `ServingSpec` of `serving_default`
     (`text` -> `translation`) and `translate_with_alignment`, with
@@ -92,9 +99,15 @@ def translator_serving_spec(
             "the class attribute `model_kind`. Received: model_kind=None"
         )
     max_length = translator.translation_length(max_length)
+    if assistant_model is not None:
+        translator.check_assistant(
+            assistant_model, max_length, beam_width, length_penalty,
+            nearest_neighbors, num_speculative_tokens,
+        )  # fmt: skip
     translate, translate_with_alignment, tracked = translator_serving_fns(
-        translator, max_length, beam_width, length_penalty, nearest_neighbors
-    )
+        translator, max_length, beam_width, length_penalty, nearest_neighbors,
+        assistant_model, num_speculative_tokens,
+    )  # fmt: skip
     text = {"text": "string [batch]"}
     samples = {"text": list(SAMPLE_SOURCES)}
     translation = {"translation": "string [batch]"}
@@ -133,6 +146,16 @@ def translator_serving_spec(
             "over the k nearest datastore keys' tokens",
         },
         "alignment": translator.alignment_description(),
+        "assistant": None
+        if assistant_model is None
+        else {
+            "kind": "draft_model",
+            "num_speculative_tokens": num_speculative_tokens,
+            "num_encoder_layers": len(assistant_model.encoder_blocks),
+            "num_decoder_layers": len(assistant_model.decoder_blocks),
+            "embedding_dim": assistant_model.embedding_dim,
+            "parameters": int(assistant_model.count_params()),
+        },
     }
     return ServingSpec(
         task="translation",
@@ -153,6 +176,8 @@ def export_translator(
     length_penalty: float = 1.0,
     nearest_neighbors=None,
     precision: str | None = None,
+    assistant_model=None,
+    num_speculative_tokens: int = 4,
 ) -> Path:
     """Export a translator with its tokenizers and beam search for TF Serving
     (what `translator.export(base_dir)` does: `export_task(translator, ...)`
@@ -184,9 +209,15 @@ def export_translator(
     Transformer only) both signatures decode with kNN-MT: the datastore's
     keys and values are saved as variables of the export (about `4 * d`
     bytes per entry) and its settings are recorded in the metadata.
+    With `assistant_model` (a smaller `TransformerTranslator` on the same
+    vocabularies; it takes `beam_width=1, length_penalty=0.0`) both
+    signatures decode by speculative greedy search
+    (`Translator.decoding_fn`): greedy search's translations in fewer
+    passes of the translator. The draft's weights are in the same
+    SavedModel; the metadata's `assistant` describes it.
     `precision` (`"float32"`, `"bfloat16"`, `"int8"`, `"int4"`) exports a
-    copy of the translator with its weights so (see `export_task`); None exports
-    it as it is.
+    copy of the translator (and of a draft) with its weights so (see
+    `export_task`); None exports it as it is.
     """
     return export_with_options(
         translator,
@@ -199,6 +230,8 @@ def export_translator(
             "length_penalty": length_penalty,
             "nearest_neighbors": nearest_neighbors,
             "precision": precision,
+            "assistant_model": assistant_model,
+            "num_speculative_tokens": num_speculative_tokens,
         },
         argument="translator",
         expected_task="translation",

@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_attn import _validation as v
 from keras_attn._compat_0_2 import blocks_of_config
+from keras_attn.layers import kv_cache
 from keras_attn.models import _task
 from keras_attn.models.backbones import (
     TransformerDecoderBackbone,
@@ -359,12 +360,22 @@ class TransformerTranslator(BackboneTask, Translator):
     def call_with_cache(self, token_ids, cache, index, nearest_neighbors=None):
         """One decoding call: decoder tokens `(B, T)` at positions
         `index .. index + T - 1` -> `(logits (B, T, vocab) float32, cache)`.
+        `index` is an int, a scalar, or an int tensor `(B,)` placing each row
+        at its own position (speculative decoding).
 
         With `nearest_neighbors` (a `keras_attn.memory.NearestNeighborDecoding`)
         the first output is the log-probabilities of the kNN-MT mixture
         instead (which the samplers' log-softmax leaves as they are).
         """
-        y = self.target_embedding(token_ids, start_index=index)  # (B, T, d)
+        if kv_cache.is_per_row(index):  # speculative decoding
+            positions = kv_cache.row_positions(index, ops.shape(token_ids)[1])
+            # A speculative block may run past the positions; those outputs
+            # are never used, but a learned table has no row there.
+            if self.sequence_length is not None:
+                positions = ops.minimum(positions, self.sequence_length - 1)
+            y = self.target_embedding(token_ids, positions=positions)  # (B, T, d)
+        else:
+            y = self.target_embedding(token_ids, start_index=index)  # (B, T, d)
         new_self = []
         for block, self_cache, cross_cache in zip(
             self.decoder_blocks, cache["self"], cache["cross"], strict=True
@@ -420,6 +431,7 @@ class TransformerTranslator(BackboneTask, Translator):
     # -- TF Serving (`Translator.serving_spec`) --------------------------------
 
     model_kind = "transformer"
+    per_row_cache = True
 
     def alignment_description(self) -> str:
         return "cross-attention of the last decoder block, averaged over heads"

@@ -58,6 +58,8 @@ class Translator(GenerativeTask, keras.Model):
         beam_width: int = 4,
         length_penalty: float = 1.0,
         nearest_neighbors=None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """`fn(encoder_inputs (B, S)) -> (tokens (B, max_length), scores (B,))`:
         beam search (GNMT length penalty; `beam_width=1` is greedy search).
@@ -67,8 +69,33 @@ class Translator(GenerativeTask, keras.Model):
         `keras_attn.memory.NearestNeighborDecoding`) mixes its neighbours into
         every step (kNN-MT). Wrap the function in `tf.function` or `jax.jit`
         to compile it once.
+
+        `assistant_model` (a smaller `TransformerTranslator` on the same
+        vocabularies) decodes speculatively: the draft encodes the source
+        itself and proposes `num_speculative_tokens` tokens with its own KV
+        cache, this model checks them in one pass
+        (`keras_attn.generation.speculative_greedy_search`), each row
+        advancing by the tokens it accepts. It is greedy search, so it takes
+        `beam_width=1, length_penalty=0.0`, and gives greedy search's tokens;
+        the scores are this model's log-probability of them, from one
+        teacher-forced pass.
         """
         max_length = v.check_positive_int("max_length", max_length)
+        if assistant_model is not None:
+            self.check_assistant(
+                assistant_model, max_length, beam_width, length_penalty,
+                nearest_neighbors, num_speculative_tokens,
+            )  # fmt: skip
+            tokens_fn = self._speculative_tokens_fn(
+                max_length, assistant_model, num_speculative_tokens
+            )
+
+            def decode_speculatively(encoder_inputs):
+                encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
+                tokens = tokens_fn(encoder_inputs)
+                return tokens, self._greedy_scores(encoder_inputs, tokens)
+
+            return decode_speculatively
         next_fn = self._next_fn(nearest_neighbors)
 
         def decode(encoder_inputs):
@@ -90,6 +117,103 @@ class Translator(GenerativeTask, keras.Model):
 
         return decode
 
+    def check_assistant(
+        self,
+        assistant_model,
+        max_length,
+        beam_width=1,
+        length_penalty=0.0,
+        nearest_neighbors=None,
+        num_speculative_tokens=4,
+    ) -> None:
+        """Raises unless this translator can decode with `assistant_model`:
+        both `TransformerTranslator`s (their KV caches place each row at its
+        own position), on the same vocabularies, the draft's positions
+        holding `max_length` target tokens, with greedy search and no
+        kNN-MT."""
+        if not self.per_row_cache:
+            raise ValueError(
+                "Speculative translation (`assistant_model`) needs a "
+                "TransformerTranslator, whose KV cache places each row at its "
+                f"own position. Received: a {type(self).__name__}"
+            )
+        if not (
+            isinstance(assistant_model, Translator) and assistant_model.per_row_cache
+        ):
+            raise ValueError(
+                "`assistant_model` must be a TransformerTranslator. Received: "
+                f"assistant_model={assistant_model!r}"
+            )
+        for name in ("source_vocabulary_size", "target_vocabulary_size"):
+            if getattr(assistant_model, name) != getattr(self, name):
+                raise ValueError(
+                    "`assistant_model` must share the translator's vocabularies. "
+                    f"Received: an assistant of {name}="
+                    f"{getattr(assistant_model, name)} for a translator of "
+                    f"{name}={getattr(self, name)}"
+                )
+        limit = assistant_model.max_length_limit()
+        if limit is not None and max_length > limit:
+            raise ValueError(
+                f"`assistant_model` must hold {max_length} target tokens. "
+                f"Received: an assistant of max_length_limit()={limit}"
+            )
+        if beam_width != 1 or length_penalty != 0:
+            raise ValueError(
+                "Speculative translation (`assistant_model`) is greedy search: "
+                "pass beam_width=1, length_penalty=0.0. Received: "
+                f"beam_width={beam_width}, length_penalty={length_penalty}"
+            )
+        if nearest_neighbors is not None:
+            raise ValueError(
+                "`assistant_model` and `nearest_neighbors` do not combine. "
+                f"Received: nearest_neighbors={nearest_neighbors!r}"
+            )
+        v.check_positive_int("num_speculative_tokens", num_speculative_tokens)
+
+    def _speculative_tokens_fn(self, max_length, assistant_model, k):
+        """`fn(encoder_inputs (B, S)) -> tokens (B, max_length)`: greedy
+        search with `assistant_model`'s guesses, `k` per pass of this model."""
+        next_fn = self._next_fn()
+        draft_next_fn = _task.WithoutPadding(assistant_model.call_with_cache)
+
+        def decode(encoder_inputs):
+            encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
+            batch = ops.shape(encoder_inputs)[0]
+            proposer = generation.DraftModelProposer(
+                draft_next_fn, assistant_model.encode(encoder_inputs, max_length + 1)
+            )
+            tokens = generation.speculative_greedy_search(
+                next_fn,
+                proposer,
+                ops.full((batch, 1), START_ID, dtype="int32"),
+                self.encode(encoder_inputs, max_length + 1),
+                max_length + 1,
+                num_speculative_tokens=k,
+                end_token_id=END_ID,
+                pad_token_id=PAD_ID,
+            )
+            return tokens[:, 1:]
+
+        return decode
+
+    def _greedy_scores(self, encoder_inputs, tokens):
+        """`(B,)` float32: the log-probability of `tokens` (up to the end
+        token, padding after it not counted) under the distribution the
+        decoding draws from (`_task.WithoutPadding`: the padding id
+        excluded), teacher-forced: beam search's score of an ended row."""
+        batch = ops.shape(tokens)[0]
+        start = ops.full((batch, 1), START_ID, dtype="int32")
+        decoder_inputs = ops.concatenate([start, tokens[:, :-1]], axis=1)
+        logits = self(
+            {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs}
+        )
+        padding = ops.one_hot(PAD_ID, ops.shape(logits)[-1], dtype="bool")
+        logits = ops.where(padding, -1e9, ops.cast(logits, "float32"))
+        log_probs = ops.log_softmax(logits, axis=-1)
+        picked = ops.take_along_axis(log_probs, tokens[:, :, None], axis=-1)[:, :, 0]
+        return ops.sum(ops.where(ops.not_equal(tokens, PAD_ID), picked, 0.0), axis=1)
+
     def _next_fn(self, nearest_neighbors=None):
         if nearest_neighbors is None:
             return _task.WithoutPadding(self.call_with_cache)
@@ -102,12 +226,16 @@ class Translator(GenerativeTask, keras.Model):
         beam_width: int = 4,
         length_penalty: float = 1.0,
         nearest_neighbors=None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """Beam-search translations of source token ids: `(tokens, scores)`
-        as `decoding_fn` gives them, computed eagerly."""
+        as `decoding_fn` gives them (speculatively with `assistant_model`),
+        computed eagerly."""
         return self.decoding_fn(
-            max_length, beam_width, length_penalty, nearest_neighbors
-        )(encoder_inputs)
+            max_length, beam_width, length_penalty, nearest_neighbors,
+            assistant_model, num_speculative_tokens,
+        )(encoder_inputs)  # fmt: skip
 
     # -- text (TensorFlow Text tokenizers) -------------------------------------
 
@@ -121,6 +249,8 @@ class Translator(GenerativeTask, keras.Model):
         batch_size: int = _task.DEFAULT_BATCH_SIZE,
         verbose="auto",
         title: str = "Translating",
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ) -> list[str]:
         """Translate raw strings with beam search.
 
@@ -144,6 +274,11 @@ class Translator(GenerativeTask, keras.Model):
             verbose: `"auto"` (a progress bar when there is more than one
                 batch), 0, 1 (a bar) or 2 (one line at the end), under
                 `title`, as in `keras.Model.predict`.
+            assistant_model: a smaller `TransformerTranslator` on the same
+                vocabularies: speculative greedy search, the same
+                translations as `beam_width=1, length_penalty=0.0` (which
+                it takes) in fewer passes of this model (`decoding_fn`).
+            num_speculative_tokens: the draft's guesses per pass.
 
         Returns:
             The translations, detokenized, one per text (valid UTF-8: what
@@ -154,14 +289,26 @@ class Translator(GenerativeTask, keras.Model):
         target = _task.require_tokenizer(self, "target_tokenizer", "translate")
         max_length = self.translation_length(max_length)
         source_cap = min(max_length, self._source_positions() or max_length)
+        if assistant_model is not None:
+            self.check_assistant(
+                assistant_model, max_length, beam_width, length_penalty,
+                nearest_neighbors, num_speculative_tokens,
+            )  # fmt: skip
         from keras_attn.text.preprocessors import detokenized_texts
 
         def translate_batch(batch):
             ids = _task.padded_ids(source.tokenize(batch), source_cap)
-            decode = self._compiled_decoding(
-                max_length, beam_width, length_penalty, nearest_neighbors, ids.shape[1]
-            )
-            tokens, _ = self.run_generate_function(decode, ids)
+            if assistant_model is not None:
+                decode = self._compiled_speculative_decoding(
+                    max_length, assistant_model, num_speculative_tokens, ids.shape[1]
+                )
+                tokens = self.run_generate_function(decode, ids)
+            else:
+                decode = self._compiled_decoding(
+                    max_length, beam_width, length_penalty, nearest_neighbors,
+                    ids.shape[1],
+                )  # fmt: skip
+                tokens, _ = self.run_generate_function(decode, ids)
             return detokenized_texts(target, tokens)
 
         return self.generate_texts(translate_batch, texts, batch_size, verbose, title)
@@ -331,6 +478,17 @@ class Translator(GenerativeTask, keras.Model):
             signature=[([None, source_width], "int32")],
         )
 
+    def _compiled_speculative_decoding(self, max_length, assistant_model, k, width):
+        """`_speculative_tokens_fn` compiled once per setting and source
+        width (the draft's weights read at each call too)."""
+        return self.make_generate_function(
+            ("speculative", max_length, id(assistant_model), k, width),
+            lambda: self._speculative_tokens_fn(max_length, assistant_model, k),
+            depends=(assistant_model,),
+            signature=[([None, width], "int32")],
+            others=(assistant_model,),
+        )
+
     def evaluate_translations(
         self,
         pairs,
@@ -419,6 +577,9 @@ class Translator(GenerativeTask, keras.Model):
 
     # `model_kind` in the export's metadata: each subclass names its kind.
     model_kind: str | None = None
+    # Whether `call_with_cache` takes a `(B,)` index, each row at its own
+    # position (speculative decoding).
+    per_row_cache: bool = False
 
     def alignment_description(self) -> str:
         """What the export's `alignment` output is (each subclass says)."""
@@ -430,6 +591,8 @@ class Translator(GenerativeTask, keras.Model):
         beam_width: int = 4,
         length_penalty: float = 1.0,
         nearest_neighbors=None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
         (which `keras_attn.export.export_task` writes) of `serving_default`
@@ -442,8 +605,9 @@ class Translator(GenerativeTask, keras.Model):
         from keras_attn.export.translator import translator_serving_spec
 
         return translator_serving_spec(
-            self, max_length, beam_width, length_penalty, nearest_neighbors
-        )
+            self, max_length, beam_width, length_penalty, nearest_neighbors,
+            assistant_model, num_speculative_tokens,
+        )  # fmt: skip
 
     def export(
         self,
@@ -455,6 +619,8 @@ class Translator(GenerativeTask, keras.Model):
         length_penalty: float = 1.0,
         nearest_neighbors=None,
         precision: str | None = None,
+        assistant_model=None,
+        num_speculative_tokens: int = 4,
     ):
         """Export for TF Serving, strings in and translations out:
         `keras_attn.export.export_translator(self, ...)` (see there), which is
@@ -476,6 +642,8 @@ class Translator(GenerativeTask, keras.Model):
             length_penalty=length_penalty,
             nearest_neighbors=nearest_neighbors,
             precision=precision,
+            assistant_model=assistant_model,
+            num_speculative_tokens=num_speculative_tokens,
         )
 
     # -- config ----------------------------------------------------------------

@@ -263,3 +263,48 @@ def test_the_default_length_fits_the_positions_and_a_longer_one_is_refused(
     assert translations.shape == (2,)
     with pytest.raises(ValueError, match="`max_length` must be at most 10"):
         translator.export(tmp_path, max_length=MAX_LENGTH + 1)
+
+
+# Slow (about 150 s: the speculative loop traced for both signatures, then
+# loaded by the check): the language model's export with a draft serves the
+# same loop by default (test_language_model_export.py), and the translator's
+# speculative decoding is tested in tests/models/test_speculative_translation.py.
+@pytest.mark.slow
+def test_an_export_with_a_draft_is_servable_and_translates_as_greedy_search(
+    small_tokenizer, tmp_path
+):
+    """Both signatures decode speculatively: the draft's weights in the
+    SavedModel, the translations those of greedy search in process; a bad
+    assistant is refused before anything is written."""
+    from tests.models.test_speculative_translation import translator
+
+    target = translator(2, 16, seed=3, tokenizer=small_tokenizer, end_bias=2.0)
+    draft = translator(1, 8, seed=4, tokenizer=small_tokenizer)
+    greedy = {"beam_width": 1, "length_penalty": 0.0}
+    with pytest.raises(ValueError, match=r"pass beam_width=1, length_penalty=0\.0"):
+        target.export(tmp_path / "bad", assistant_model=draft)
+    assert not (tmp_path / "bad").exists()
+    path = target.export(
+        tmp_path, max_length=MAX_LENGTH, assistant_model=draft,
+        num_speculative_tokens=3, **greedy,
+    )  # fmt: skip
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["assistant"] == {
+        "kind": "draft_model",
+        "num_speculative_tokens": 3,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "embedding_dim": 8,
+        "parameters": draft.count_params(),
+    }
+    loaded = tf.saved_model.load(str(path))
+    saved = {v.numpy().tobytes() for v in loaded.variables}
+    assert all(w.numpy().tobytes() in saved for w in draft.weights)
+    texts = ["Where is the station?", "", "I am very tired today.", "The cat."]
+    want = target.translate(texts, max_length=MAX_LENGTH, **greedy)
+    assert len(set(want)) > 1
+    for name in ("serving_default", "translate_with_alignment"):
+        served = loaded.signatures[name](text=tf.constant(texts))["translation"]
+        assert [t.decode("utf-8") for t in served.numpy()] == want, name
