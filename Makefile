@@ -31,14 +31,14 @@ PYTEST_WORKERS ?= 2
 # per worker (the export tests run about 20% faster than under `load`).
 PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS) --dist worksteal
 # The op, layer, decoding and memory tests run on every backend. `make test`
-# runs all of them on TensorFlow and, on JAX, the ops, the two attention
-# classes that replace Keras's and the samplers (JAX_TESTS); `make
+# runs all of them on TensorFlow and, on JAX, the ops and the two attention
+# classes that replace Keras's (JAX_TESTS); `make
 # test-backends` (run by .ci/run after `make test`) runs the rest on JAX
 # (the other layers, decoding and memory modules; the property tests, whose
 # drawn shapes each compile; the task-level modules of JAX_MODEL_TESTS) and
 # all of them on PyTorch, so CI covers the same tests on each backend.
 BACKEND_TESTS := tests/ops tests/layers tests/generation tests/memory
-JAX_TESTS := tests/ops tests/layers/test_multi_head_attention.py tests/layers/test_grouped_query_attention.py tests/generation/test_sampler.py tests/generation/test_beam_sampler.py
+JAX_TESTS := tests/ops tests/layers/test_multi_head_attention.py tests/layers/test_grouped_query_attention.py
 JAX_MODEL_TESTS := tests/models/test_compiled_forward.py tests/models/test_dtype.py tests/models/test_quantize.py tests/models/test_language_model_positions.py tests/models/test_streaming.py tests/models/test_speculative_translation.py
 TORCH_TESTS := $(BACKEND_TESTS) $(JAX_MODEL_TESTS) tests/property tests/models/test_torch_backend.py
 # PyTorch's CPU build for Python 3.11 where the index offers one (pip takes

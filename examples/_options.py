@@ -480,6 +480,25 @@ def language_model_args(argv=None):
         help="each token attends to the W - 1 tokens before it and itself",
     )
     parser.add_argument(
+        "--assistant-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train a draft of N blocks beside the model (after it, on the same "
+        "data, with a quarter of --time-budget), kept as the model's "
+        "`assistant_model`: `generate` and the export decode speculatively "
+        "(the same text in fewer passes of the model), model.keras and the "
+        "preset hold it; 0: none",
+    )
+    parser.add_argument(
+        "--assistant-dim",
+        type=int,
+        default=None,
+        metavar="D",
+        help="the draft's width (default: half of --embedding-dim), with "
+        "half the heads and an intermediate width of 4 * D",
+    )
+    parser.add_argument(
         "--learning-rate",
         type=float,
         default=recipe["learning_rate"],
@@ -546,6 +565,14 @@ def language_model_args(argv=None):
         args.vocabulary_size, args.sequence_length = 500, 32
         args.embedding_dim, args.num_layers, args.num_heads = 32, 1, 2
         args.intermediate_dim, args.warmup_steps = 64, 5
+    if args.assistant_layers < 0:
+        parser.error(
+            f"--assistant-layers must be 0 or more. Received: {args.assistant_layers}"
+        )
+    if args.assistant_dim is not None and args.assistant_dim < 1:
+        parser.error(
+            f"--assistant-dim must be positive. Received: {args.assistant_dim}"
+        )
     if not 0 <= args.eval_stride <= args.sequence_length:
         parser.error(
             "--eval-stride must be from 0 to --sequence-length "

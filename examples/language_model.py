@@ -19,8 +19,10 @@ export/language_model/<version>/ (its `score` mixes in the chosen cache).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -56,17 +58,19 @@ def load_data(args):
     return splits
 
 
-def build(args, tokenizer):
-    """The language model with its tokenizer, compiled for training (the
-    learning rate is set per batch by BudgetCosineDecay)."""
+def build(args, tokenizer, **overrides):
+    """The language model with its tokenizer (`overrides`: sizes other than
+    the options', for the draft), compiled for training (the learning rate
+    is set per batch by BudgetCosineDecay)."""
     sizes = ("embedding_dim", "num_layers", "num_heads", "intermediate_dim")
     sizes += ("position", "num_key_value_heads", "sliding_window")
+    sizes = {size: getattr(args, size) for size in sizes}
     model = TransformerLanguageModel(
         tokenizer.vocabulary_size,
         args.sequence_length,
         dropout=args.dropout,
         tokenizer=tokenizer,
-        **{size: getattr(args, size) for size in sizes},
+        **{**sizes, **overrides},
     )
     model.compile(
         optimizer=_cli.make_optimizer(args, clipnorm=1.0),
@@ -75,6 +79,49 @@ def build(args, tokenizer):
         ),
     )
     return model
+
+
+def new_tokens(args) -> int:
+    """The most new tokens the samples and exports ask for."""
+    return args.sequence_length // 2
+
+
+def assistant_sizes(args) -> dict:
+    """The draft's sizes: `--assistant-layers` blocks of `--assistant-dim`
+    (default half the model's width), half the heads (at least one), the
+    key/value heads dividing them, 4 * width in the feed-forward."""
+    width = args.assistant_dim or max(1, args.embedding_dim // 2)
+    heads = max(1, args.num_heads // 2)
+    key_value_heads = args.num_key_value_heads
+    if key_value_heads is not None:
+        key_value_heads = math.gcd(key_value_heads, heads)
+    return {
+        "num_layers": args.assistant_layers,
+        "embedding_dim": width,
+        "num_heads": heads,
+        "num_key_value_heads": key_value_heads,
+        "intermediate_dim": 4 * width,
+        "name": "assistant",
+    }
+
+
+def assistant_figures(model, prompts, new_tokens: int) -> dict:
+    """Greedy `generate` of `prompts` with the model's draft and without:
+    whether the texts are the same, and the seconds of each (the second of
+    two calls: the first compiles)."""
+    timed = {}
+    for name, assistant in (("plain", False), ("speculative", None)):
+        for _ in range(2):
+            start = time.perf_counter()
+            texts = model.generate(prompts, new_tokens, assistant_model=assistant)
+            seconds = time.perf_counter() - start
+        timed[name] = (texts, seconds)
+    return {
+        "assistant_same_text": timed["plain"][0] == timed["speculative"][0],
+        "assistant_generate_seconds": timed["speculative"][1],
+        "plain_generate_seconds": timed["plain"][1],
+        "assistant_speedup": timed["plain"][1] / timed["speculative"][1],
+    }
 
 
 def main(argv=None) -> dict:
@@ -117,6 +164,21 @@ def main(argv=None) -> dict:
         )
         alpha = _options.LANGUAGE_MODEL_CONFIG["training"]["decay_alpha"]
         metrics = _cli.train(args, model, *data, out, decay_alpha=alpha)
+        if args.assistant_layers:  # a draft, then the model saved with it
+            with strategy.scope():
+                draft = build(args, model.tokenizer, **assistant_sizes(args))
+            budget = args.time_budget and args.time_budget / 4
+            fit = _cli.train(
+                args, draft, *data, out / "assistant", decay_alpha=alpha,
+                minutes=budget,
+            )  # fmt: skip
+            metrics["assistant"] = {
+                **fit,
+                "parameters": draft.count_params(),
+                **assistant_sizes(args),
+            }
+            model.assistant_model = draft
+            _cli.save_model(model, out)
     characters = {
         s: sum(len(d.text) for d in splits[s]) for s in ("test", "validation")
     }
@@ -176,9 +238,17 @@ def main(argv=None) -> dict:
             cache={**setting, "window": args.cache_window},
             cache_validation_trials=trials,
         )
+    if isinstance(model.assistant_model, keras.Model):
+        # Validation passages as prompts: the draft's speed-up, same text.
+        passage = splits.validation[0].text
+        starts = range(0, max(1, len(passage) - 200), max(1, len(passage) // 8))
+        prompts = [passage[start : start + 200] for start in starts][:8]
+        metrics.update(assistant_figures(model, prompts, min(64, new_tokens(args))))
     prompts, sampler = ["KING:\n", "ROMEO:\n"], TopKSampler(k=10, temperature=0.8)
-    new = min(96, args.sequence_length // 2)
-    texts = model.generate(prompts, new, sampler=sampler, seed=args.seed)
+    new = min(96, new_tokens(args))
+    texts = model.generate(
+        prompts, new, sampler=sampler, seed=args.seed, assistant_model=False
+    )
     samples = [prompt + more for prompt, more in zip(prompts, texts, strict=True)]
     Path(out / "samples.txt").write_text("\n\n---\n\n".join(samples) + "\n")
     plots = save_language_model_plots(model, splits.test[0].text, out / "plots")
@@ -223,6 +293,10 @@ def main(argv=None) -> dict:
         rows.append((label, metrics[f"test_{bpc}_with_cache"]))
     rows.append(("validation bits per character", metrics[f"validation_{bpc}"]))
     rows.append(("test perplexity (per token)", metrics["test_perplexity"]))
+    if "assistant_speedup" in metrics:
+        same = "same text" if metrics["assistant_same_text"] else "TEXT DIFFERS"
+        label = f"greedy generate speed-up with the draft ({same})"
+        rows.append((label, metrics["assistant_speedup"]))
     title = "language model"
     _cli.finish(
         run, args, metrics, splits, rows, title=title, export=export_dir, plots=plots

@@ -47,7 +47,8 @@ def language_model_serving_fns(
             tokenizer.tokenize(prompt),
             max_new_tokens,
             context_length,
-            assistant_model=assistant_model,
+            # None is no assistant here: the spec resolved the model's own.
+            assistant_model=False if assistant_model is None else assistant_model,
             num_speculative_tokens=num_speculative_tokens,
         )
         return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}
@@ -81,6 +82,7 @@ def language_model_serving_spec(
     from keras_attn import _validation as v
 
     check_continuous_cache(continuous_cache)
+    assistant_model = model._assistant(assistant_model)  # None: the model's own
     if context_length is None:
         context_length = model.sequence_length
     model.prompt_room(max_new_tokens, context_length)  # raises if it does not fit
@@ -207,7 +209,8 @@ def export_language_model(
     the export answers what `model.score(texts)` gives.
 
     With `assistant_model` (a draft `TransformerLanguageModel` on the same
-    vocabulary, or `"prompt_lookup"`), `serving_default` decodes by
+    vocabulary, or `"prompt_lookup"`; None, the default, is the model's own
+    `assistant_model`, and False none), `serving_default` decodes by
     speculative greedy decoding (`model.generate_ids`'s `assistant_model`,
     `num_speculative_tokens` guesses checked per forward pass of the
     model): the same completions in fewer passes of the model. A draft's

@@ -99,6 +99,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         backbone=None,
         num_key_value_heads: int | None = None,
         sliding_window: int | None = None,
+        assistant_model=None,
         dtype=None,
         **kwargs,
     ):
@@ -175,6 +176,53 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         )
         self.tie_embeddings = tie_embeddings
         self.tokenizer = tokenizer
+        self.assistant_model = assistant_model
+
+    @property
+    def assistant_model(self):
+        """The model's own assistant for speculative decoding: None, a
+        smaller `TransformerLanguageModel` on the same vocabulary (a draft),
+        or `"prompt_lookup"`. `generate`, `continue_ids`, `generate_ids`
+        and the export use it unless given another (`assistant_model=False`:
+        none; beam search takes none); a draft is saved with the model
+        (`model.keras`, presets) and loads with it. `stream` decodes
+        without it (with a random sampler, `generate(...,
+        assistant_model=False)` draws the same tokens for a seed)."""
+        return self._assistant_model
+
+    @assistant_model.setter
+    def assistant_model(self, assistant_model):
+        if assistant_model is not None:
+            self.check_assistant(assistant_model, "greedy", None)
+        # Not tracked: the draft's weights are not the model's (`weights`,
+        # `fit` and `count_params` leave them out), yet Keras' saving walks
+        # the attributes, so `model.keras` and the presets hold them.
+        object.__setattr__(self, "_assistant_model", assistant_model)
+
+    def __setattr__(self, name, value):
+        if name == "assistant_model":  # the property, past Keras' tracking
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
+    def __dir__(self):
+        # Keras' saving walks the attributes `dir()` names, the public ones
+        # first, and saves an object shared by two paths (a draft's
+        # tokenizer that is the model's) under the first: the draft is
+        # walked last, as `_assistant_model`, after the model's tokenizer.
+        return [name for name in super().__dir__() if name != "assistant_model"]
+
+    def _assistant(self, assistant_model, sampler="greedy"):
+        """The assistant a decoding with `sampler` uses: `assistant_model`;
+        for None the model's own, unless `sampler` is beam search (which
+        takes none); none (None) for False."""
+        if assistant_model is None:
+            if isinstance(sampler, generation.BeamSampler):
+                return None
+            return self.assistant_model
+        if assistant_model is False:
+            return None
+        return assistant_model
 
     @property
     def preprocessor(self):
@@ -274,9 +322,11 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         `num_speculative_tokens` at a time
         (`keras_attn.generation.speculative_sample`). Greedy gives greedy
         search's tokens; a random sampler gives its own distribution
-        exactly (not the tokens it draws alone for a seed).
+        exactly (not the tokens it draws alone for a seed). None (default)
+        uses the model's own `assistant_model`; False decodes without one.
         """
         prompt = ops.convert_to_tensor(prompt, "int32")
+        assistant_model = self._assistant(assistant_model, sampler)
         if assistant_model is not None:
             return self._speculative_ids(
                 prompt, max_length, sampler, prompt_lengths, end_token_id,
@@ -475,12 +525,13 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             verbose: `"auto"` (a progress bar when there is more than one
                 batch), 0, 1 (a bar) or 2 (one line at the end), as in
                 `keras.Model.predict`.
-            assistant_model: `None`, a draft `TransformerLanguageModel` on
-                the same vocabulary, or `"prompt_lookup"`: speculative
-                decoding in fewer forward passes of this model
-                (`generate_ids`): with greedy decoding the same text as
-                without it; with a random sampler text of the same
-                distribution (a seed draws other tokens than without it).
+            assistant_model: a draft `TransformerLanguageModel` on the same
+                vocabulary, or `"prompt_lookup"`: speculative decoding in
+                fewer forward passes of this model (`generate_ids`): with
+                greedy decoding the same text as without it; with a random
+                sampler text of the same distribution (a seed draws other
+                tokens than without it). None (default): the model's own
+                `assistant_model`, if any; False: none.
             num_speculative_tokens: the guesses checked per forward pass of
                 this model with an `assistant_model`.
         """
@@ -592,6 +643,9 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         `assistant_model`, `num_speculative_tokens`: as in `generate`."""
         import tensorflow as tf
 
+        assistant_model = self._assistant(assistant_model, sampler)
+        if assistant_model is None:
+            assistant_model = False  # resolved: none, not the model's own
         context = context_length or self.sequence_length
         keep = self.prompt_room(max_new_tokens, context)
         ids = ids[:, -keep:] if keep > 0 else ids[:, :0]  # keep the end
@@ -888,5 +942,24 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             "backbone": keras.saving.serialize_keras_object(self.backbone),
             "tie_embeddings": self.tie_embeddings,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
+            "assistant_model": _serialize_assistant(self.assistant_model),
             **self.head_policy_config(),
         }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        assistant = config.get("assistant_model")
+        if isinstance(assistant, dict):
+            config["assistant_model"] = keras.saving.deserialize_keras_object(assistant)
+        return super().from_config(config)
+
+
+def _serialize_assistant(assistant_model):
+    """The config of a draft without its tokenizer (it decodes ids; the
+    model's tokenizer is the text's), or `"prompt_lookup"`, or None."""
+    if not isinstance(assistant_model, keras.Model):
+        return assistant_model
+    config = keras.saving.serialize_keras_object(assistant_model)
+    config["config"]["tokenizer"] = None
+    return config

@@ -83,10 +83,16 @@ def with_precision(task, precision: str):
     for name in _TOKENIZERS:
         if name in config:
             config[name] = getattr(task, name, None)
+    # A language model's own draft (not among its weights) is converted too.
+    draft = getattr(task, "assistant_model", None)
+    if isinstance(draft, keras.Model):
+        config["assistant_model"] = None
     copy = type(task).from_config(config)
     copy.set_weights(task.get_weights())
     if precision in QUANTIZED:
         copy.quantize(precision)
+    if isinstance(draft, keras.Model):
+        copy.assistant_model = with_precision(draft, precision)
     return copy
 
 

@@ -212,6 +212,11 @@ def _not_task_weights(task) -> list:
 
 
 def _has_task_weights(task) -> bool:
+    """Whether `task.weights.h5` holds anything: weights outside the
+    backbone, or a language model's draft (`assistant_model`, not among
+    the task's weights but saved with them)."""
+    if isinstance(getattr(task, "assistant_model", None), keras.Model):
+        return True
     backbone = {id(weight) for weight in task.backbone.weights}
     return any(id(weight) not in backbone for weight in task.weights)
 

@@ -36,6 +36,30 @@ def test_eval_stride_out_of_range_is_refused(stride, capsys):
     )
 
 
+def test_assistant_options(capsys):
+    script = load_script("language_model")
+    assert script.parse_args([]).assistant_layers == 0  # no draft by default
+    args = script.parse_args(["--assistant-layers", "1"])
+    # The default model: 4 heads, 2 key/value heads, width 128.
+    assert script.assistant_sizes(args) == {
+        "num_layers": 1,
+        "embedding_dim": 64,
+        "num_heads": 2,
+        "num_key_value_heads": 2,
+        "intermediate_dim": 256,
+        "name": "assistant",
+    }
+    args = script.parse_args(["--assistant-layers", "2", "--assistant-dim", "24"])
+    assert script.assistant_sizes(args)["embedding_dim"] == 24
+    for option, value, message in (
+        ("--assistant-layers", "-1", "--assistant-layers must be 0 or more"),
+        ("--assistant-dim", "0", "--assistant-dim must be positive"),
+    ):
+        with pytest.raises(SystemExit):
+            script.parse_args([option, value])
+        assert f"{message}. Received: {value}" in capsys.readouterr().err
+
+
 # the scoring and the cache export are tested in tests/models and tests/export
 @pytest.mark.slow
 def test_smoke_run_records_strided_and_nonoverlapping_figures_and_exports_the_cache(
@@ -143,3 +167,50 @@ def test_cache_options_parse_and_bad_values_are_refused(capsys):
         with pytest.raises(SystemExit):
             script.parse_args(argv)
         assert message in capsys.readouterr().err, argv
+
+
+# Slow: two trainings end to end. The model's own draft (generate, export,
+# model.keras, presets, fresh process) is tested in
+# tests/models/test_language_model_assistant.py.
+@pytest.mark.slow
+def test_a_draft_trained_beside_the_model_is_saved_and_used(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.test_case import REPO_ROOT
+
+    data = tmp_path / "play.txt"
+    data.write_text((FIXTURES / "play_sample.txt").read_text() * 20)
+    out = tmp_path / "run"
+    run_script(
+        "language_model.py", "--smoke", "--data", data, "--batch-size", 8,
+        "--no-cache", "--assistant-layers", 1, "--out", out,
+    )  # fmt: skip
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert metrics["assistant_same_text"] is True
+    assert metrics["assistant"]["num_layers"] == 1
+    assert metrics["assistant"]["embedding_dim"] == 16  # half of --smoke's 32
+    assert metrics["assistant_speedup"] > 0
+    export = out / "export" / "language_model" / "1"
+    served = json.loads((export / "assets.extra" / "keras_attn.json").read_text())
+    assert served["assistant"]["kind"] == "draft_model"
+    fresh = textwrap.dedent(
+        """
+        import json, sys
+        import keras
+        import keras_attn
+
+        model = keras.saving.load_model(sys.argv[1] + "/model.keras")
+        preset = keras_attn.models.TransformerLanguageModel.from_preset(
+            sys.argv[1] + "/preset")
+        print(json.dumps([model.assistant_model.num_layers,
+                          preset.assistant_model.num_layers]))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", fresh, str(out)], capture_output=True, text=True,
+        cwd=REPO_ROOT, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [1, 1]
