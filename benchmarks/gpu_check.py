@@ -636,7 +636,6 @@ def check_long(sizes) -> list[dict]:
                     except Exception as error:
                         row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
                         continue
-                    square = 2 * length * length  # one byte per (b, q, k)
                     if (
                         name == "keras_attn"
                         and padded
@@ -647,12 +646,11 @@ def check_long(sizes) -> list[dict]:
                         and (
                             row["lengths_kernel"] or length >= switch_over_length(dtype)
                         )
-                        and row["temp_bytes"] is not None
-                        and row["temp_bytes"] >= square
+                        and row["square_shapes"]
                     ):
                         row["problem"] = (
-                            f"{row['temp_bytes'] / 2**20:.0f} MiB of XLA temporaries, "
-                            f"a (B, T, T) mask is {square / 2**20:.0f} MiB"
+                            "(T, T)-sized tensors in the program: "
+                            + ", ".join(row["square_shapes"])
                         )
     for row in rows:
         explicit = next(
@@ -686,12 +684,158 @@ def long_costs(attend, heads, padding) -> dict:
         block(compiled(heads, padding))
         times.append(time.perf_counter() - start)
     temp = None if memory is None else memory.temp_size_in_bytes
+    text = compiled.as_text()
     return {
         "ms": 1e3 * statistics.median(times),
         "temp_bytes": temp,
         "temp_mib": None if temp is None else temp / 2**20,
-        "cudnn_fused": cudnn_attention(custom_calls(compiled.as_text())),
+        "cudnn_fused": cudnn_attention(custom_calls(text)),
+        "square_shapes": square_shapes(text, heads.shape[1]),
     }
+
+
+def square_shapes(compiled_text: str, length: int) -> list[str]:
+    """The distinct array shapes in an optimized XLA program with two axes of
+    `length` (a `(B, 1, T, T)` mask or bias, `(B, N, T, T)` logits): the
+    tensors that make memory grow as `T²`."""
+    found = set()
+    for match in re.finditer(r"\b([a-z]+[0-9]*)\[([0-9,]+)\]", compiled_text):
+        dims = [int(d) for d in match.group(2).split(",") if d]
+        if dims.count(length) >= 2:
+            found.add(f"{match.group(1)}[{match.group(2)}]")
+    return sorted(found)
+
+
+# -- float32 at a few thousand tokens ----------------------------------------------
+
+
+def float32_variants(head_dim, interpret):
+    """The float32 self-attention candidates of the `float32` part, as
+    functions of `(q, k, v)`: the explicit path, the memory-efficient path at
+    its default blocks and at larger ones, and Pallas's Triton attention
+    kernel (`jax.experimental.pallas.ops.gpu.attention.mha`; interpreted off
+    the GPU)."""
+    from keras_attn.ops import dot_product_attention, memory_efficient_attention
+
+    variants = {
+        "explicit": lambda q, k, v: dot_product_attention(
+            q, k, v, flash_attention=False
+        ),
+        "memory_efficient": lambda q, k, v: memory_efficient_attention(q, k, v),
+    }
+    for query_block, key_block in ((512, None), (1024, None), (1024, 1024)):
+
+        def blocked(q, k, v, query_block=query_block, key_block=key_block):
+            return memory_efficient_attention(
+                q, k, v, query_block_size=query_block, key_block_size=key_block
+            )
+
+        variants[f"memory_efficient q{query_block} k{key_block or 'all'}"] = blocked
+    try:
+        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+    except ImportError:
+        return variants
+    for block in (64, 128):
+        sizes = pallas_attention.BlockSizes(
+            block_q=block,
+            block_k=block,
+            block_q_dkv=block // 2,
+            block_kv_dkv=block // 2,
+            block_q_dq=block // 2,
+            block_kv_dq=block // 2,
+        )
+
+        def pallas(q, k, v, sizes=sizes):
+            return pallas_attention.mha(
+                q,
+                k,
+                v,
+                None,
+                sm_scale=float(head_dim) ** -0.5,
+                block_sizes=sizes,
+                interpret=interpret,
+            )
+
+        variants[f"pallas b{block}"] = pallas
+    return variants
+
+
+def check_float32(sizes) -> list[dict]:
+    """float32 self-attention `(2, T, 8, H)` forward+backward under `jax.jit`
+    at `float32_lengths`, at JAX's default matmul precision (TF32 on NVIDIA
+    GPUs) as a user's program runs: median time, XLA temporary memory and the
+    largest difference of outputs and q/k/v gradients from the explicit path
+    at the highest precision (a share of the reference's largest value), for
+    each of `float32_variants`. Where no fused kernel takes float32, these are
+    the candidates for `flash_attention=None` at a few thousand keys; rows that
+    would start after `float32_seconds` are skipped."""
+    import jax
+
+    interpret = jax.default_backend() != "gpu"
+    started = time.perf_counter()
+    rows = []
+
+    def outputs_and_gradients(attend):
+        def run(q, k, v, upstream):
+            outputs, pullback = jax.vjp(attend, q, k, v)
+            return (outputs, *pullback(upstream))
+
+        return jax.jit(run)
+
+    for length in sizes["float32_lengths"]:
+        shape = (2, length, 8, sizes["long_head_dim"])
+        rng = np.random.default_rng(0)
+        inputs = [
+            jax.numpy.asarray(rng.normal(size=shape), "float32") for _ in range(4)
+        ]
+        variants = float32_variants(sizes["long_head_dim"], interpret)
+        with jax.default_matmul_precision("highest"):
+            reference = block(outputs_and_gradients(variants["explicit"])(*inputs))
+        scales = [float(np.max(np.abs(np.asarray(x)))) for x in reference]
+        for name, attend in variants.items():
+            row = {"length": length, "variant": name}
+            rows.append(row)
+            if time.perf_counter() - started > sizes["float32_seconds"]:
+                row["skipped"] = "past the part's time"
+                continue
+            try:
+                compiled = outputs_and_gradients(attend).lower(*inputs).compile()
+                memory = compiled.memory_analysis()
+                got = block(compiled(*inputs))
+                times = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    block(compiled(*inputs))
+                    times.append(time.perf_counter() - start)
+            except Exception as error:
+                row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+                continue
+            row["ms"] = 1e3 * statistics.median(times)
+            row["temp_mib"] = (
+                None if memory is None else memory.temp_size_in_bytes / 2**20
+            )
+            differences = [
+                float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) / scale
+                for g, w, scale in zip(got, reference, scales, strict=True)
+            ]
+            row["finite"] = all(bool(np.all(np.isfinite(np.asarray(g)))) for g in got)
+            row["max_difference"] = dict(
+                zip(
+                    ("outputs", "d_query", "d_key", "d_value"), differences, strict=True
+                )
+            )
+    for row in rows:
+        explicit = next(
+            (
+                other
+                for other in rows
+                if other["variant"] == "explicit" and other["length"] == row["length"]
+            ),
+            None,
+        )
+        if "ms" in row and explicit is not None and "ms" in explicit:
+            row["time_over_explicit"] = row["ms"] / explicit["ms"]
+    return rows
 
 
 # -- (b) speed ----------------------------------------------------------------------
@@ -1122,6 +1266,8 @@ SIZES = {
         "long_head_dim": 64,
         "long_check_length": 16384,
         "long_seconds": 240,
+        "float32_lengths": (4096, 8192),
+        "float32_seconds": 150,
         "speed_batch": 32,
         "speed_length": 512,
         "speed_model_dim": 768,
@@ -1148,6 +1294,8 @@ SIZES = {
         "long_head_dim": 16,
         "long_check_length": 64,
         "long_seconds": 120,
+        "float32_lengths": (64,),
+        "float32_seconds": 120,
         "speed_batch": 2,
         "speed_length": 16,
         "speed_model_dim": 32,
@@ -1164,7 +1312,16 @@ SIZES = {
         "torch_length": 40,
     },
 }
-PART_ORDER = ("long", "numerics", "paths", "speed", "training", "costs", "torch")
+PART_ORDER = (
+    "long",
+    "float32",
+    "numerics",
+    "paths",
+    "speed",
+    "training",
+    "costs",
+    "torch",
+)
 
 
 def problems(report) -> list[str]:
@@ -1204,6 +1361,13 @@ def problems(report) -> list[str]:
             found.append(f"{label}: {row['error']}")
         if "problem" in row:
             found.append(f"{label}: {row['problem']}")
+    for row in report.get("float32", []):
+        label = f"float32 {row['variant']} {row['length']}"
+        # Pallas's kernel may refuse a shape or a GPU; the others must run.
+        if "error" in row and not row["variant"].startswith("pallas"):
+            found.append(f"{label}: {row['error']}")
+        if "finite" in row and not row["finite"]:
+            found.append(f"non-finite values: {label}")
     training = report.get("training") or {}
     if training and not training.get("loss_finite", False):
         found.append("training loss not finite")
@@ -1249,8 +1413,32 @@ def main(argv=None) -> dict:
         help="the numerics part's cases, comma-separated, of "
         + ", ".join(NUMERICS_CASES),
     )
+    parser.add_argument(
+        "--long-lengths",
+        default=None,
+        help="the long part's lengths, comma-separated "
+        "(default 4096,16384,32768,65536)",
+    )
+    parser.add_argument(
+        "--long-seconds",
+        type=float,
+        default=None,
+        help="skip the long part's rows that would start after this many "
+        "seconds of it (default 240)",
+    )
     parser.add_argument("--tiny", action="store_true", help="CPU-sized run")
     args = parser.parse_args(argv)
+    long_lengths = None
+    if args.long_lengths is not None:
+        try:
+            long_lengths = tuple(int(x) for x in args.long_lengths.split(","))
+        except ValueError:
+            long_lengths = ()
+        if not long_lengths or min(long_lengths) < 1:
+            parser.error(
+                "--long-lengths must be positive integers separated by commas. "
+                f"Received: {args.long_lengths!r}"
+            )
     cases = args.cases.split(",")
     if set(cases) - set(NUMERICS_CASES):
         parser.error(
@@ -1266,7 +1454,11 @@ def main(argv=None) -> dict:
         parser.error(f"run with KERAS_BACKEND=jax. Received: backend={backend!r}")
     if parts == ["torch"] and backend != "torch":
         parser.error(f"--parts torch needs KERAS_BACKEND=torch. Received: {backend!r}")
-    sizes = SIZES["tiny" if args.tiny else "full"]
+    sizes = dict(SIZES["tiny" if args.tiny else "full"])
+    if long_lengths is not None:
+        sizes["long_lengths"] = long_lengths
+    if args.long_seconds is not None:
+        sizes["long_seconds"] = args.long_seconds
     if args.train_seconds is None:
         args.train_seconds = 5.0 if args.tiny else 120.0
     started = time.perf_counter()
@@ -1282,6 +1474,7 @@ def main(argv=None) -> dict:
 
     runners = {
         "long": lambda: check_long(sizes),
+        "float32": lambda: check_float32(sizes),
         "numerics": lambda: check_numerics(sizes, cases),
         "paths": lambda: check_paths(sizes),
         "speed": lambda: check_speed(sizes, args.rounds),

@@ -52,6 +52,8 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
             sys.executable,
             os.path.join(REPO_ROOT, "benchmarks", "gpu_check.py"),
             "--tiny",
+            "--long-lengths",
+            "32,48",
             "--data",
             str(bundle / "data"),
             "--out",
@@ -69,7 +71,7 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
     assert report["versions"]["platform"] == "cpu"
     # Every JAX part ran; the PyTorch part where PyTorch is installed (make
     # test-backends installs it), on the CPU here.
-    for part in ("long", "numerics", "paths", "speed", "training", "costs"):
+    for part in ("long", "float32", "numerics", "paths", "speed", "training", "costs"):
         assert report[part], part
     if importlib.util.find_spec("torch") is None:
         assert report["skipped"] == ["torch: PyTorch is not installed"]
@@ -86,7 +88,7 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
         (path, dtype, length, padded)
         for path in ("keras_attn", "explicit", "keras_dot_product_attention")
         for dtype in ("bfloat16", "float32")
-        for length in (32, 64)
+        for length in (32, 48)  # --long-lengths
         for padded in (False, True)
     }
     assert all(row["ms"] > 0 and row["temp_bytes"] > 0 for row in long_rows)
@@ -94,6 +96,19 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
     assert {row["lengths_kernel"] for row in long_rows if "lengths_kernel" in row} == {
         None
     }
+
+    # The float32 part: every candidate ran (Pallas's kernel interpreted on
+    # the CPU) and agrees with the float64-accurate explicit path.
+    float32_rows = report["float32"]
+    assert {row["variant"] for row in float32_rows} >= {
+        "explicit",
+        "memory_efficient",
+        "memory_efficient q1024 kall",
+        "pallas b128",
+    }
+    for row in float32_rows:
+        assert row["finite"] and row["ms"] > 0, row
+        assert max(row["max_difference"].values()) < 1e-5, row
 
     numerics = [row for row in report["numerics"] if "asked" in row]
     assert {row["policy"] for row in numerics} == {
@@ -229,13 +244,14 @@ def test_a_square_temporary_on_the_long_padded_path_is_a_problem():
         row("keras_attn", 2**20),
         row("keras_attn", None, error="XlaRuntimeError: RESOURCE_EXHAUSTED"),
         row("explicit", None, error="XlaRuntimeError: RESOURCE_EXHAUSTED"),
-        row("keras_attn", 2**30, problem="1024 MiB of XLA temporaries"),
+        row("keras_attn", 2**30, problem="(T, T)-sized tensors in the program"),
     ]
     found = gpu_check.problems({"errors": {}, "long": rows})
     assert found == [
         "long keras_attn bfloat16 16384 padded=True: XlaRuntimeError: "
         "RESOURCE_EXHAUSTED",
-        "long keras_attn bfloat16 16384 padded=True: 1024 MiB of XLA temporaries",
+        "long keras_attn bfloat16 16384 padded=True: (T, T)-sized tensors in the "
+        "program",
     ]
     # The explicit path and Keras's op are skipped where their (B, N, T, T)
     # float32 tensors cannot fit; keras-attn's path is always measured.
@@ -243,3 +259,37 @@ def test_a_square_temporary_on_the_long_padded_path_is_a_problem():
     assert not gpu_check.long_fits("explicit", shape, "bfloat16", 140 * 2**30)
     assert gpu_check.long_fits("explicit", (2, 4096, 8, 64), "bfloat16", 140 * 2**30)
     assert gpu_check.long_fits("keras_attn", shape, "bfloat16", 140 * 2**30)
+
+
+@pytest.mark.parametrize("value", ["", "4096,x", "0,16"])
+def test_long_lengths_must_be_positive_integers(value, capsys):
+    from benchmarks import gpu_check
+
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--long-lengths", value])
+    error = capsys.readouterr().err
+    assert "--long-lengths must be positive integers" in error
+    assert f"Received: {value!r}" in error
+
+
+def test_square_shapes_finds_the_tensors_that_grow_as_the_square_of_the_length():
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import gpu_check
+
+    heads = jax.ShapeDtypeStruct((2, 48, 4), "float32")
+
+    def scores(q):
+        return jnp.einsum("btf,bsf->bts", q, q).max(axis=-1)
+
+    def rows(q):
+        return (q * q).sum(axis=-1)
+
+    square = jax.jit(scores).lower(heads).compile().as_text()
+    assert gpu_check.square_shapes(square, 48) == ["f32[2,48,48]"]
+    linear = jax.jit(rows).lower(heads).compile().as_text()
+    assert gpu_check.square_shapes(linear, 48) == []
+    assert gpu_check.square_shapes("%m = pred[2,1,48,48]{3,2,1,0} and", 48) == [
+        "pred[2,1,48,48]"
+    ]
