@@ -709,20 +709,38 @@ def square_shapes(compiled_text: str, length: int) -> list[str]:
 # -- float32 at a few thousand tokens ----------------------------------------------
 
 
-def float32_variants(head_dim, interpret):
-    """The float32 self-attention candidates of the `float32` part, as
-    functions of `(q, k, v)`: the explicit path, the memory-efficient path at
-    its default blocks and at larger ones, and Pallas's Triton attention
-    kernel (`jax.experimental.pallas.ops.gpu.attention.mha`; interpreted off
-    the GPU)."""
+def float32_variants(head_dim, interpret, padding):
+    """The float32 self-attention candidates of the `float32` part: name ->
+    `(masks, attend)`, `attend` a function of `(q, k, v)` and `masks` the
+    masks it applies (`"none"`, `"padded"`: `padding` as key and query
+    padding, `"causal"`). The explicit path, keras-attn's automatic path
+    (`flash_attention=None`, which takes Pallas's kernel on a GPU from 4,096
+    keys) with each kind of masks, the memory-efficient path at its default
+    blocks and at larger ones, and Pallas's Triton attention kernel
+    (`jax.experimental.pallas.ops.gpu.attention.mha`; interpreted off the
+    GPU) called directly."""
     from keras_attn.ops import dot_product_attention, memory_efficient_attention
 
-    variants = {
-        "explicit": lambda q, k, v: dot_product_attention(
-            q, k, v, flash_attention=False
-        ),
-        "memory_efficient": lambda q, k, v: memory_efficient_attention(q, k, v),
+    masks = {
+        "none": {},
+        "padded": {"key_padding_mask": padding, "query_padding_mask": padding},
+        "causal": {"is_causal": True},
     }
+    variants = {}
+    for kind, kwargs in masks.items():
+        suffix = "" if kind == "none" else f" {kind}"
+        for name, flash_attention in (("explicit", False), ("keras_attn", None)):
+
+            def attend(q, k, v, kwargs=kwargs, flash_attention=flash_attention):
+                return dot_product_attention(
+                    q, k, v, flash_attention=flash_attention, **kwargs
+                )
+
+            variants[name + suffix] = (kind, attend)
+    variants["memory_efficient"] = (
+        "none",
+        lambda q, k, v: memory_efficient_attention(q, k, v),
+    )
     for query_block, key_block in ((512, None), (1024, None), (1024, 1024)):
 
         def blocked(q, k, v, query_block=query_block, key_block=key_block):
@@ -730,7 +748,8 @@ def float32_variants(head_dim, interpret):
                 q, k, v, query_block_size=query_block, key_block_size=key_block
             )
 
-        variants[f"memory_efficient q{query_block} k{key_block or 'all'}"] = blocked
+        name = f"memory_efficient q{query_block} k{key_block or 'all'}"
+        variants[name] = ("none", blocked)
     try:
         from jax.experimental.pallas.ops.gpu import attention as pallas_attention
     except ImportError:
@@ -756,19 +775,21 @@ def float32_variants(head_dim, interpret):
                 interpret=interpret,
             )
 
-        variants[f"pallas b{block}"] = pallas
+        variants[f"pallas b{block}"] = ("none", pallas)
     return variants
 
 
 def check_float32(sizes) -> list[dict]:
     """float32 self-attention `(2, T, 8, H)` forward+backward under `jax.jit`
     at `float32_lengths`, at JAX's default matmul precision (TF32 on NVIDIA
-    GPUs) as a user's program runs: median time, XLA temporary memory and the
-    largest difference of outputs and q/k/v gradients from the explicit path
-    at the highest precision (a share of the reference's largest value), for
-    each of `float32_variants`. Where no fused kernel takes float32, these are
-    the candidates for `flash_attention=None` at a few thousand keys; rows that
-    would start after `float32_seconds` are skipped."""
+    GPUs) as a user's program runs: median time, XLA temporary memory, whether
+    a Triton kernel (Pallas) is in the program, and the largest difference of
+    outputs and q/k/v gradients from the explicit path with the same masks at
+    the highest precision (a share of the reference's largest value), for
+    each of `float32_variants` (padding: the second row three quarters
+    full). Where no fused kernel takes float32, these are the candidates for
+    `flash_attention=None` at a few thousand keys; rows that would start after
+    `float32_seconds` are skipped."""
     import jax
 
     interpret = jax.default_backend() != "gpu"
@@ -788,12 +809,19 @@ def check_float32(sizes) -> list[dict]:
         inputs = [
             jax.numpy.asarray(rng.normal(size=shape), "float32") for _ in range(4)
         ]
-        variants = float32_variants(sizes["long_head_dim"], interpret)
+        padding = (
+            np.arange(length)[None, :] < np.array([length, 3 * length // 4])[:, None]
+        )
+        variants = float32_variants(sizes["long_head_dim"], interpret, padding)
+        references = {}
         with jax.default_matmul_precision("highest"):
-            reference = block(outputs_and_gradients(variants["explicit"])(*inputs))
-        scales = [float(np.max(np.abs(np.asarray(x)))) for x in reference]
-        for name, attend in variants.items():
-            row = {"length": length, "variant": name}
+            for kind in ("none", "padded", "causal"):
+                name = "explicit" if kind == "none" else f"explicit {kind}"
+                references[kind] = block(
+                    outputs_and_gradients(variants[name][1])(*inputs)
+                )
+        for name, (kind, attend) in variants.items():
+            row = {"length": length, "variant": name, "masks": kind}
             rows.append(row)
             if time.perf_counter() - started > sizes["float32_seconds"]:
                 row["skipped"] = "past the part's time"
@@ -814,14 +842,19 @@ def check_float32(sizes) -> list[dict]:
             row["temp_mib"] = (
                 None if memory is None else memory.temp_size_in_bytes / 2**20
             )
+            row["triton"] = "triton" in compiled.as_text()
+            reference = references[kind]
             differences = [
-                float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) / scale
-                for g, w, scale in zip(got, reference, scales, strict=True)
+                float(np.max(np.abs(np.asarray(g) - np.asarray(w))))
+                / max(float(np.max(np.abs(np.asarray(w)))), 1e-30)
+                for g, w in zip(got, reference, strict=True)
             ]
             row["finite"] = all(bool(np.all(np.isfinite(np.asarray(g)))) for g in got)
             row["max_difference"] = dict(
                 zip(
-                    ("outputs", "d_query", "d_key", "d_value"), differences, strict=True
+                    ("outputs", "d_query", "d_key", "d_value"),
+                    differences,
+                    strict=True,
                 )
             )
     for row in rows:
@@ -829,7 +862,9 @@ def check_float32(sizes) -> list[dict]:
             (
                 other
                 for other in rows
-                if other["variant"] == "explicit" and other["length"] == row["length"]
+                if other["variant"].startswith("explicit")
+                and other["masks"] == row["masks"]
+                and other["length"] == row["length"]
             ),
             None,
         )
@@ -1361,13 +1396,38 @@ def problems(report) -> list[str]:
             found.append(f"{label}: {row['error']}")
         if "problem" in row:
             found.append(f"{label}: {row['problem']}")
-    for row in report.get("float32", []):
+    float32_rows = report.get("float32", [])
+    on_gpu = (report.get("versions") or {}).get("platform") == "gpu"
+    for row in float32_rows:
         label = f"float32 {row['variant']} {row['length']}"
         # Pallas's kernel may refuse a shape or a GPU; the others must run.
         if "error" in row and not row["variant"].startswith("pallas"):
             found.append(f"{label}: {row['error']}")
         if "finite" in row and not row["finite"]:
             found.append(f"non-finite values: {label}")
+        if not row["variant"].startswith("keras_attn") or "max_difference" not in row:
+            continue
+        # keras-attn's automatic path: as accurate as the explicit path at
+        # the same (default) precision, and Pallas's kernel from 4,096 keys
+        # on a GPU.
+        explicit = next(
+            (
+                other
+                for other in float32_rows
+                if other["variant"].startswith("explicit")
+                and other["masks"] == row["masks"]
+                and other["length"] == row["length"]
+                and "max_difference" in other
+            ),
+            None,
+        )
+        if explicit is not None:
+            bound = max(2 * max(explicit["max_difference"].values()), 1e-4)
+            difference = max(row["max_difference"].values())
+            if difference > bound:
+                found.append(f"{label}: differs by {difference:.2e} > {bound:.2e}")
+        if on_gpu and row["length"] >= 4096 and not row["triton"]:
+            found.append(f"{label}: Pallas's kernel did not run")
     training = report.get("training") or {}
     if training and not training.get("loss_finite", False):
         found.append("training loss not finite")

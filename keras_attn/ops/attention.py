@@ -16,6 +16,7 @@ import keras
 from keras import ops
 
 from keras_attn.ops import _checks
+from keras_attn.ops import pallas_attention as _pallas
 
 # Imported from here by the layers.
 from keras_attn.ops._checks import check_flash_attention as check_flash_attention
@@ -279,18 +280,49 @@ def dot_product_attention(
         blocked_mask, blocked_components = _whole_sequence_axes(
             mask, query, key, components
         )
-        return memory_efficient_attention(
-            query,
-            key,
-            value,
-            attention_mask=blocked_mask,
-            scale=scale,
-            dropout_rate=dropout_rate,
-            training=training,
-            seed_generator=seed_generator,
-            alibi_slopes=alibi_slopes,
-            **blocked_components,
+
+        def blocked():
+            return memory_efficient_attention(
+                query,
+                key,
+                value,
+                attention_mask=blocked_mask,
+                scale=scale,
+                dropout_rate=dropout_rate,
+                training=training,
+                seed_generator=seed_generator,
+                alibi_slopes=alibi_slopes,
+                **blocked_components,
+            )
+
+        # On a GPU in float32, Pallas's FlashAttention kernel computes the
+        # calls it can take (`keras_attn.ops.pallas_attention`): no (Tq, Tk)
+        # tensor either, in about half the time.
+        mode = _pallas.pallas_runs()
+        kernel_form = (
+            None
+            if mode is None
+            else _pallas.pallas_form(
+                query,
+                key,
+                value,
+                mask=blocked_mask,
+                components=blocked_components,
+                scale=scale,
+                alibi=alibi_slopes is not None,
+                dropout_active=dropout_active,
+            )
         )
+        if kernel_form is None:
+            return blocked()
+
+        def kernel():
+            return _pallas.pallas_attention(query, key, value, kernel_form, scale, mode)
+
+        same = _pallas.same_padding(kernel_form)
+        if same is True:
+            return kernel()
+        return ops.cond(same, kernel, blocked)
 
     def explicit():
         return _explicit_attention(

@@ -102,6 +102,11 @@ def test_tiny_run_on_jax_without_tensorflow(tmp_path):
     float32_rows = report["float32"]
     assert {row["variant"] for row in float32_rows} >= {
         "explicit",
+        "explicit padded",
+        "explicit causal",
+        "keras_attn",
+        "keras_attn padded",
+        "keras_attn causal",
         "memory_efficient",
         "memory_efficient q1024 kall",
         "pallas b128",
@@ -293,3 +298,40 @@ def test_square_shapes_finds_the_tensors_that_grow_as_the_square_of_the_length()
     assert gpu_check.square_shapes("%m = pred[2,1,48,48]{3,2,1,0} and", 48) == [
         "pred[2,1,48,48]"
     ]
+
+
+def test_the_automatic_float32_path_is_accurate_and_runs_pallas():
+    from benchmarks import gpu_check
+
+    def row(variant, masks, difference, triton=False):
+        return {
+            "length": 4096,
+            "variant": variant,
+            "masks": masks,
+            "ms": 1.0,
+            "finite": True,
+            "triton": triton,
+            "max_difference": {"outputs": difference, "d_query": difference / 2},
+        }
+
+    rows = [
+        row("explicit", "none", 1e-3),
+        row("keras_attn", "none", 1.5e-3, triton=True),  # within 2x
+        row("explicit padded", "padded", 1e-3),
+        row("keras_attn padded", "padded", 3e-3, triton=True),  # beyond
+        row("explicit causal", "causal", 1e-3),
+        row("keras_attn causal", "causal", 1e-3),  # no Triton kernel
+        dict(row("pallas b64", "none", 0.0), error="refused", finite=True),
+    ]
+    for platform, expected in (
+        ("cpu", ["float32 keras_attn padded 4096: differs by 3.00e-03 > 2.00e-03"]),
+        (
+            "gpu",
+            [
+                "float32 keras_attn padded 4096: differs by 3.00e-03 > 2.00e-03",
+                "float32 keras_attn causal 4096: Pallas's kernel did not run",
+            ],
+        ),
+    ):
+        report = {"errors": {}, "versions": {"platform": platform}, "float32": rows}
+        assert gpu_check.problems(report) == expected
