@@ -14,6 +14,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -703,3 +704,38 @@ def summary_table(rows: list[tuple[str, object]], title: str = "summary") -> str
             value = f"{value:.4f}"
         lines.append(f"{name:<{width}}  {value}")
     return "\n".join(lines)
+
+
+def assistant_figures(decode, outputs: str, method: str) -> dict:
+    """`decode(assistant_model)` (a greedy decoding of the task's: its
+    texts) with the task's own draft (`None`) and without it (`False`):
+    whether the `outputs` are the same (`assistant_same_<outputs>`), the
+    seconds of each (the second of two calls: the first compiles;
+    `assistant_<method>_seconds`, `plain_<method>_seconds`) and the
+    speed-up (`assistant_speedup`)."""
+    timed = {}
+    for name, assistant in (("plain", False), ("speculative", None)):
+        for _ in range(2):
+            start = time.perf_counter()
+            texts = decode(assistant)
+            seconds = time.perf_counter() - start
+        timed[name] = (texts, seconds)
+    return {
+        f"assistant_same_{outputs}": timed["plain"][0] == timed["speculative"][0],
+        f"assistant_{method}_seconds": timed["speculative"][1],
+        f"plain_{method}_seconds": timed["plain"][1],
+        "assistant_speedup": timed["plain"][1] / timed["speculative"][1],
+    }
+
+
+def train_assistant(args, task, draft, data, out: Path, sizes: dict, **schedule):
+    """Train `draft` (built in the strategy's scope) after `task` on the same
+    `data` in `out / "assistant"`, with a quarter of `--time-budget` and
+    `schedule` (`train`'s), set it as the task's own `assistant_model` and
+    save the task again with it; returns the draft's `metrics.json` entry
+    (its fit, parameters and `sizes`)."""
+    budget = args.time_budget and args.time_budget / 4
+    fit = train(args, draft, *data, out / "assistant", minutes=budget, **schedule)
+    task.assistant_model = draft
+    save_model(task, out)
+    return {**fit, "parameters": draft.count_params(), **sizes}

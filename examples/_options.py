@@ -192,6 +192,27 @@ def translate_args(argv=None):
         action="store_true",
         help="export with the kNN-MT decoding (the datastore in the export)",
     )
+    add(
+        "--assistant-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train a draft Transformer translator of N encoder and N decoder "
+        "blocks beside the model (after it, on the same data and tokenizers, "
+        "with a quarter of --time-budget), kept as the translator's "
+        "`assistant_model`: greedy decodings (translate with beam_width=1, "
+        "length_penalty=0.0, and an export with --beam-width 1 "
+        "--length-penalty 0) use it, the same translations in fewer passes of "
+        "the translator; model.keras and the preset hold it; 0: none",
+    )
+    add(
+        "--assistant-dim",
+        type=int,
+        default=None,
+        metavar="D",
+        help="the draft's width (default: half the translator's decoder "
+        "width), with half the heads and a feed-forward of 4 * D",
+    )
     add_run_arguments(parser, out="runs/translation", **run_defaults(scratch))
     known, _ = parser.parse_known_args(argv)
     if known.pretrained is None:
@@ -251,6 +272,13 @@ def translate_args(argv=None):
         )
     if args.knn and args.model == "rnn":
         parser.error("--knn decodes the Transformer. Received: --knn with --model rnn")
+    check_assistant_options(parser, args)
+    if args.assistant_layers and args.model == "rnn":
+        parser.error(
+            "--assistant-layers drafts for the Transformer translator (an RNN's "
+            "state cannot be rolled back). Received: --assistant-layers "
+            f"{args.assistant_layers} with --model rnn"
+        )
     if args.smoke:
         args.vocabulary_size, args.max_length, args.warmup_steps = 400, 16, 5
         args.size = args.size and "small"
@@ -565,14 +593,7 @@ def language_model_args(argv=None):
         args.vocabulary_size, args.sequence_length = 500, 32
         args.embedding_dim, args.num_layers, args.num_heads = 32, 1, 2
         args.intermediate_dim, args.warmup_steps = 64, 5
-    if args.assistant_layers < 0:
-        parser.error(
-            f"--assistant-layers must be 0 or more. Received: {args.assistant_layers}"
-        )
-    if args.assistant_dim is not None and args.assistant_dim < 1:
-        parser.error(
-            f"--assistant-dim must be positive. Received: {args.assistant_dim}"
-        )
+    check_assistant_options(parser, args)
     if not 0 <= args.eval_stride <= args.sequence_length:
         parser.error(
             "--eval-stride must be from 0 to --sequence-length "
@@ -589,3 +610,15 @@ def language_model_args(argv=None):
     if args.eval_stride == 0:  # windows that do not overlap
         args.eval_stride = args.sequence_length
     return args
+
+
+def check_assistant_options(parser, args) -> None:
+    """`--assistant-layers` (0 or more) and `--assistant-dim` (positive)."""
+    if args.assistant_layers < 0:
+        parser.error(
+            f"--assistant-layers must be 0 or more. Received: {args.assistant_layers}"
+        )
+    if args.assistant_dim is not None and args.assistant_dim < 1:
+        parser.error(
+            f"--assistant-dim must be positive. Received: {args.assistant_dim}"
+        )

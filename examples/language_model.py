@@ -22,7 +22,6 @@ import dataclasses
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -105,25 +104,6 @@ def assistant_sizes(args) -> dict:
     }
 
 
-def assistant_figures(model, prompts, new_tokens: int) -> dict:
-    """Greedy `generate` of `prompts` with the model's draft and without:
-    whether the texts are the same, and the seconds of each (the second of
-    two calls: the first compiles)."""
-    timed = {}
-    for name, assistant in (("plain", False), ("speculative", None)):
-        for _ in range(2):
-            start = time.perf_counter()
-            texts = model.generate(prompts, new_tokens, assistant_model=assistant)
-            seconds = time.perf_counter() - start
-        timed[name] = (texts, seconds)
-    return {
-        "assistant_same_text": timed["plain"][0] == timed["speculative"][0],
-        "assistant_generate_seconds": timed["speculative"][1],
-        "plain_generate_seconds": timed["plain"][1],
-        "assistant_speedup": timed["plain"][1] / timed["speculative"][1],
-    }
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     run = _cli.start_run(args)
@@ -167,18 +147,10 @@ def main(argv=None) -> dict:
         if args.assistant_layers:  # a draft, then the model saved with it
             with strategy.scope():
                 draft = build(args, model.tokenizer, **assistant_sizes(args))
-            budget = args.time_budget and args.time_budget / 4
-            fit = _cli.train(
-                args, draft, *data, out / "assistant", decay_alpha=alpha,
-                minutes=budget,
+            metrics["assistant"] = _cli.train_assistant(
+                args, model, draft, data, out, assistant_sizes(args),
+                decay_alpha=alpha,
             )  # fmt: skip
-            metrics["assistant"] = {
-                **fit,
-                "parameters": draft.count_params(),
-                **assistant_sizes(args),
-            }
-            model.assistant_model = draft
-            _cli.save_model(model, out)
     characters = {
         s: sum(len(d.text) for d in splits[s]) for s in ("test", "validation")
     }
@@ -243,7 +215,15 @@ def main(argv=None) -> dict:
         passage = splits.validation[0].text
         starts = range(0, max(1, len(passage) - 200), max(1, len(passage) // 8))
         prompts = [passage[start : start + 200] for start in starts][:8]
-        metrics.update(assistant_figures(model, prompts, min(64, new_tokens(args))))
+        metrics.update(
+            _cli.assistant_figures(
+                lambda assistant: model.generate(
+                    prompts, min(64, new_tokens(args)), assistant_model=assistant
+                ),
+                "text",
+                "generate",
+            )
+        )
     prompts, sampler = ["KING:\n", "ROMEO:\n"], TopKSampler(k=10, temperature=0.8)
     new = min(96, new_tokens(args))
     texts = model.generate(

@@ -89,6 +89,47 @@ def build(args, tokenizers, checkpoint=None):
     return model
 
 
+def assistant_sizes(args, translator) -> dict:
+    """The draft's sizes: `--assistant-layers` encoder and decoder blocks of
+    `--assistant-dim` (default half the translator's decoder width), half
+    its heads (at least one, dividing the width), a feed-forward of 4 *
+    width, the translator's vocabularies and their sharing."""
+    width = args.assistant_dim or max(1, translator.embedding_dim // 2)
+    heads = max(1, translator.num_heads // 2)
+    while width % heads:
+        heads -= 1
+    return {
+        "num_encoder_layers": args.assistant_layers,
+        "num_decoder_layers": args.assistant_layers,
+        "embedding_dim": width,
+        "num_heads": heads,
+        "intermediate_dim": 4 * width,
+        "shared_vocabulary": translator.shared_vocabulary,
+    }
+
+
+def build_assistant(args, translator):
+    """A from-scratch `TransformerTranslator` of `assistant_sizes` on the
+    translator's vocabularies and tokenizers, compiled as `build` compiles."""
+    draft = TransformerTranslator(
+        translator.source_vocabulary_size,
+        translator.target_vocabulary_size,
+        sequence_length=args.max_length + 1,
+        dropout=args.dropout,
+        normalize_first=True,
+        source_tokenizer=translator.source_tokenizer,
+        target_tokenizer=translator.target_tokenizer,
+        name="assistant",
+        **assistant_sizes(args, translator),
+    )
+    draft.compile(
+        optimizer=_cli.make_optimizer(args, clipnorm=1.0),
+        loss=training.SmoothedSparseCrossentropy(args.label_smoothing),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    return draft
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     run = _cli.start_run(args)
@@ -125,6 +166,13 @@ def main(argv=None) -> dict:
             dataset(splits.validation, drop_remainder=run.drop_remainder),
         )
         metrics = _cli.train(args, translator, *data, out, decay_alpha=alpha)
+        if args.assistant_layers:  # a draft, then the translator saved with it
+            with strategy.scope():
+                draft = build_assistant(args, translator)
+            metrics["assistant"] = _cli.train_assistant(
+                args, translator, draft, data, out,
+                assistant_sizes(args, translator), decay_alpha=alpha,
+            )  # fmt: skip
     decoding = dict(
         beam_width=args.beam_width, max_length=args.max_length, verbose=args.verbose
     )
@@ -180,6 +228,20 @@ def main(argv=None) -> dict:
                 for alpha, result in results.items()
             ],
         )
+    if isinstance(translator.assistant_model, keras.Model):
+        # Validation sources: the draft's greedy speed-up, same translations.
+        sources = [source for source, _ in splits.validation[:64]]
+        greedy = {"beam_width": 1, "length_penalty": 0.0, "verbose": 0}
+        metrics.update(
+            _cli.assistant_figures(
+                lambda assistant: translator.translate(
+                    sources, max_length=args.max_length, assistant_model=assistant,
+                    **greedy,
+                ),
+                "translations",
+                "translate",
+            )
+        )  # fmt: skip
     sample = test["sources"][:4], test["hypotheses"][:4]
     plots = save_alignment_plots(translator, *sample, out / "plots", args.max_length)
     export_dir = None
@@ -224,6 +286,10 @@ def main(argv=None) -> dict:
     rows.append(("decode ms/sentence", metrics["decode_ms_per_sentence"]))
     for name in KEYS if knn else ():
         rows.append((f"test {name} with kNN", metrics[f"test_{name.lower()}_with_knn"]))
+    if "assistant_speedup" in metrics:
+        same = "same" if metrics["assistant_same_translations"] else "DIFFERENT"
+        label = f"greedy translate speed-up with the draft ({same} translations)"
+        rows.append((label, metrics["assistant_speedup"]))
     title = f"translation ({args.model})"
     _cli.finish(
         run, args, metrics, splits, rows, title=title, export=export_dir, plots=plots

@@ -71,6 +71,23 @@ def run_on_virtual_devices(script: str, *args, devices: int = 8, timeout=900):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def fresh_json(code: str, *args, timeout: int = 600):
+    """Run `code` with `args` in a fresh Python process (this interpreter,
+    the repository as working directory, TensorFlow's logs quiet) as a user
+    would, and return the JSON its last line of output prints; fails with
+    the process's error output if it exits with an error."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def load_example(name: str):
     """`examples/<name>.py` as a module. The scripts' helper modules
     (`examples/_cli.py`, `_options.py`) are registered under their own names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import keras
 import tensorflow as tf
 
 from keras_attn.export._common import TEXT_SPEC, clean_text
@@ -75,7 +76,7 @@ def translator_serving_fns(
     tracked = (source, target)
     if nearest_neighbors is not None:
         tracked += (nearest_neighbors.weights_layer(),)
-    if assistant_model is not None:
+    if isinstance(assistant_model, keras.Model):
         tracked += (assistant_model,)
     return translate, translate_with_alignment, tracked
 
@@ -99,6 +100,10 @@ def translator_serving_spec(
             "the class attribute `model_kind`. Received: model_kind=None"
         )
     max_length = translator.translation_length(max_length)
+    # None: the translator's own, when the options are greedy search's.
+    assistant_model = translator._assistant(
+        assistant_model, beam_width, length_penalty, nearest_neighbors
+    )
     if assistant_model is not None:
         translator.check_assistant(
             assistant_model, max_length, beam_width, length_penalty,
@@ -106,7 +111,8 @@ def translator_serving_spec(
         )  # fmt: skip
     translate, translate_with_alignment, tracked = translator_serving_fns(
         translator, max_length, beam_width, length_penalty, nearest_neighbors,
-        assistant_model, num_speculative_tokens,
+        False if assistant_model is None else assistant_model,  # resolved
+        num_speculative_tokens,
     )  # fmt: skip
     text = {"text": "string [batch]"}
     samples = {"text": list(SAMPLE_SOURCES)}
@@ -213,8 +219,10 @@ def export_translator(
     vocabularies; it takes `beam_width=1, length_penalty=0.0`) both
     signatures decode by speculative greedy search
     (`Translator.decoding_fn`): greedy search's translations in fewer
-    passes of the translator. The draft's weights are in the same
-    SavedModel; the metadata's `assistant` describes it.
+    passes of the translator. None (default) is the translator's own
+    `assistant_model` when the options are greedy search's, False none. The
+    draft's weights are in the same SavedModel; the metadata's `assistant`
+    describes it.
     `precision` (`"float32"`, `"bfloat16"`, `"int8"`, `"int4"`) exports a
     copy of the translator (and of a draft) with its weights so (see
     `export_task`); None exports it as it is.

@@ -330,3 +330,26 @@ def compiled_forward(model, width: int):
 
     # Rebuilt when the variables change (`quantize`): a trace keeps the old.
     return cached(model, ("compiled_forward", width), tuple(model.variables), build)
+
+
+def serialize_assistant(assistant_model, tokenizer_keys):
+    """The config of a task's own draft (`assistant_model`) without its
+    tokenizers (`tokenizer_keys`: it decodes ids, the task's tokenizers are
+    the text's), or the value itself when it is not a model (None,
+    `"prompt_lookup"`)."""
+    if not isinstance(assistant_model, keras.Model):
+        return assistant_model
+    config = keras.saving.serialize_keras_object(assistant_model)
+    for key in tokenizer_keys:
+        config["config"][key] = None
+    return config
+
+
+def deserialize_assistant(config):
+    """`config` with its `assistant_model` deserialized where it is a
+    model's config."""
+    config = dict(config)
+    assistant = config.get("assistant_model")
+    if isinstance(assistant, dict):
+        config["assistant_model"] = keras.saving.deserialize_keras_object(assistant)
+    return config

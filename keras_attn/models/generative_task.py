@@ -37,6 +37,50 @@ class GenerativeTask(QuantizableTask, SetattrBeforeInit):
     # text methods).
     text_methods = "the task's text methods"
 
+    # -- the task's own assistant (speculative decoding) -----------------------
+
+    @property
+    def assistant_model(self):
+        """The task's own assistant for speculative decoding: None, a smaller
+        model of the task's kind on the same vocabularies (a draft) or, for
+        the language model, `"prompt_lookup"`. The decodings that can use
+        it do so unless given another (`assistant_model=False`: none): the
+        language model's with every sampler but beam search, the
+        translator's greedy search without kNN-MT. A draft is saved with
+        the task (`model.keras`, presets) and loads with it, but is not
+        among its weights (`fit` and `count_params` leave it out)."""
+        return getattr(self, "_assistant_model", None)
+
+    @assistant_model.setter
+    def assistant_model(self, assistant_model):
+        if assistant_model is not None:
+            self._check_own_assistant(assistant_model)
+        # Not tracked: the draft's weights are not the task's (`weights`,
+        # `fit` and `count_params` leave them out), yet Keras' saving walks
+        # the attributes, so `model.keras` and the presets hold them.
+        object.__setattr__(self, "_assistant_model", assistant_model)
+
+    def _check_own_assistant(self, assistant_model) -> None:
+        """Raises unless `assistant_model` can be the task's own (each
+        subclass that takes one checks it)."""
+        raise ValueError(
+            f"A {type(self).__name__} takes no assistant. Received: "
+            f"assistant_model={assistant_model!r}"
+        )
+
+    def __setattr__(self, name, value):
+        if name == "assistant_model":  # the property, past Keras' tracking
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
+    def __dir__(self):
+        # Keras' saving walks the attributes `dir()` names, the public ones
+        # first, and saves an object shared by two paths (a draft's
+        # tokenizers that are the task's) under the first: the draft is
+        # walked last, as `_assistant_model`, after the task's tokenizers.
+        return [name for name in super().__dir__() if name != "assistant_model"]
+
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict` on token ids (raw strings: the task's text
         methods)."""

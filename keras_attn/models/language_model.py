@@ -178,39 +178,12 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         self.tokenizer = tokenizer
         self.assistant_model = assistant_model
 
-    @property
-    def assistant_model(self):
-        """The model's own assistant for speculative decoding: None, a
-        smaller `TransformerLanguageModel` on the same vocabulary (a draft),
-        or `"prompt_lookup"`. `generate`, `continue_ids`, `generate_ids`
-        and the export use it unless given another (`assistant_model=False`:
-        none; beam search takes none); a draft is saved with the model
-        (`model.keras`, presets) and loads with it. `stream` decodes
-        without it (with a random sampler, `generate(...,
-        assistant_model=False)` draws the same tokens for a seed)."""
-        return self._assistant_model
-
-    @assistant_model.setter
-    def assistant_model(self, assistant_model):
-        if assistant_model is not None:
-            self.check_assistant(assistant_model, "greedy", None)
-        # Not tracked: the draft's weights are not the model's (`weights`,
-        # `fit` and `count_params` leave them out), yet Keras' saving walks
-        # the attributes, so `model.keras` and the presets hold them.
-        object.__setattr__(self, "_assistant_model", assistant_model)
-
-    def __setattr__(self, name, value):
-        if name == "assistant_model":  # the property, past Keras' tracking
-            object.__setattr__(self, name, value)
-            return
-        super().__setattr__(name, value)
-
-    def __dir__(self):
-        # Keras' saving walks the attributes `dir()` names, the public ones
-        # first, and saves an object shared by two paths (a draft's
-        # tokenizer that is the model's) under the first: the draft is
-        # walked last, as `_assistant_model`, after the model's tokenizer.
-        return [name for name in super().__dir__() if name != "assistant_model"]
+    def _check_own_assistant(self, assistant_model) -> None:
+        """A draft on the same vocabulary or `"prompt_lookup"`
+        (`check_assistant`); `stream` decodes without it (with a random
+        sampler, `generate(..., assistant_model=False)` draws the same
+        tokens for a seed)."""
+        self.check_assistant(assistant_model, "greedy", None)
 
     def _assistant(self, assistant_model, sampler="greedy"):
         """The assistant a decoding with `sampler` uses: `assistant_model`;
@@ -942,24 +915,12 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             "backbone": keras.saving.serialize_keras_object(self.backbone),
             "tie_embeddings": self.tie_embeddings,
             "tokenizer": _task.serialize_tokenizer(self.tokenizer),
-            "assistant_model": _serialize_assistant(self.assistant_model),
+            "assistant_model": _task.serialize_assistant(
+                self.assistant_model, ("tokenizer",)
+            ),
             **self.head_policy_config(),
         }
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        assistant = config.get("assistant_model")
-        if isinstance(assistant, dict):
-            config["assistant_model"] = keras.saving.deserialize_keras_object(assistant)
-        return super().from_config(config)
-
-
-def _serialize_assistant(assistant_model):
-    """The config of a draft without its tokenizer (it decodes ids; the
-    model's tokenizer is the text's), or `"prompt_lookup"`, or None."""
-    if not isinstance(assistant_model, keras.Model):
-        return assistant_model
-    config = keras.saving.serialize_keras_object(assistant_model)
-    config["config"]["tokenizer"] = None
-    return config
+        return super().from_config(_task.deserialize_assistant(config))

@@ -88,6 +88,11 @@ class TransformerTranslator(BackboneTask, Translator):
             leave the sizes out); with `shared_vocabulary=True` the decoder
             is built on the encoder's embedding and `decoder_backbone` is
             its config (a dict) or None.
+        assistant_model: keyword-only, the translator's own draft for
+            speculative greedy search (a smaller `TransformerTranslator` on
+            the same vocabularies; the `assistant_model` attribute):
+            greedy decodings use it unless given another. Saved with the
+            translator, not among its weights.
         dtype: keyword-only, the dtype policy of the backbones built here
             (the logits stay float32); with backbones given, their policy
             is the task's (`dtype` may repeat it; the two must agree).
@@ -124,6 +129,7 @@ class TransformerTranslator(BackboneTask, Translator):
         *,
         backbone=None,
         decoder_backbone=None,
+        assistant_model=None,
         dtype=None,
         **kwargs,
     ):
@@ -200,6 +206,7 @@ class TransformerTranslator(BackboneTask, Translator):
         self.freeze_source_embedding = freeze_source_embedding
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
+        self.assistant_model = assistant_model
 
     def _set_stack_attributes(self, backbone, decoder_backbone):
         """The stacks' parts and sizes as the model's attributes, as before
@@ -448,12 +455,16 @@ class TransformerTranslator(BackboneTask, Translator):
             "tie_embeddings": self.tie_embeddings,
             "freeze_source_embedding": self.freeze_source_embedding,
             **self._tokenizer_config(),
+            "assistant_model": _task.serialize_assistant(
+                self.assistant_model, ("source_tokenizer", "target_tokenizer")
+            ),
             **self.head_policy_config(),
         }
 
     @classmethod
     def from_config(cls, config):
-        config = deserialize_dtype(dict(config))  # a quantized head's map
+        config = _task.deserialize_assistant(config)
+        config = deserialize_dtype(config)  # a quantized head's map
         for name in ("source_tokenizer", "target_tokenizer"):
             config[name] = _task.deserialize_tokenizer(config.get(name))
         if "backbone" in config:

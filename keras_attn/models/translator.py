@@ -78,9 +78,13 @@ class Translator(GenerativeTask, keras.Model):
         advancing by the tokens it accepts. It is greedy search, so it takes
         `beam_width=1, length_penalty=0.0`, and gives greedy search's tokens;
         the scores are this model's log-probability of them, from one
-        teacher-forced pass.
+        teacher-forced pass. None (default) is the translator's own
+        `assistant_model` when the options are greedy search's; False: none.
         """
         max_length = v.check_positive_int("max_length", max_length)
+        assistant_model = self._assistant(
+            assistant_model, beam_width, length_penalty, nearest_neighbors
+        )
         if assistant_model is not None:
             self.check_assistant(
                 assistant_model, max_length, beam_width, length_penalty,
@@ -116,6 +120,27 @@ class Translator(GenerativeTask, keras.Model):
             return tokens[:, 1:], scores
 
         return decode
+
+    def _check_own_assistant(self, assistant_model) -> None:
+        """A smaller `TransformerTranslator` on the same vocabularies
+        (`check_assistant`; each call checks its own `max_length`);
+        `stream_translate` decodes without it."""
+        self.check_assistant(assistant_model, 1)
+
+    def _assistant(
+        self, assistant_model, beam_width, length_penalty, nearest_neighbors
+    ):
+        """The assistant a decoding with these options uses:
+        `assistant_model`; for None the translator's own when the decoding
+        is greedy search without kNN-MT, else none (None); none for
+        False."""
+        if assistant_model is False:
+            return None
+        if assistant_model is not None:
+            return assistant_model
+        if beam_width != 1 or length_penalty != 0 or nearest_neighbors is not None:
+            return None
+        return self.assistant_model
 
     def check_assistant(
         self,
@@ -278,6 +303,8 @@ class Translator(GenerativeTask, keras.Model):
                 vocabularies: speculative greedy search, the same
                 translations as `beam_width=1, length_penalty=0.0` (which
                 it takes) in fewer passes of this model (`decoding_fn`).
+                None (default): the translator's own `assistant_model` when
+                the options are greedy search's; False: none.
             num_speculative_tokens: the draft's guesses per pass.
 
         Returns:
@@ -289,6 +316,9 @@ class Translator(GenerativeTask, keras.Model):
         target = _task.require_tokenizer(self, "target_tokenizer", "translate")
         max_length = self.translation_length(max_length)
         source_cap = min(max_length, self._source_positions() or max_length)
+        assistant_model = self._assistant(
+            assistant_model, beam_width, length_penalty, nearest_neighbors
+        )
         if assistant_model is not None:
             self.check_assistant(
                 assistant_model, max_length, beam_width, length_penalty,
@@ -472,7 +502,11 @@ class Translator(GenerativeTask, keras.Model):
                 id(knn),
                 source_width,
             ),
-            lambda: self.decoding_fn(max_length, beam_width, length_penalty, knn),
+            # Without an assistant (False: not the translator's own either);
+            # speculative decoding is `_compiled_speculative_decoding`.
+            lambda: self.decoding_fn(
+                max_length, beam_width, length_penalty, knn, assistant_model=False
+            ),
             depends=(knn,),
             # One trace for every batch of this width, of any size.
             signature=[([None, source_width], "int32")],

@@ -174,11 +174,7 @@ def test_cache_options_parse_and_bad_values_are_refused(capsys):
 # tests/models/test_language_model_assistant.py.
 @pytest.mark.slow
 def test_a_draft_trained_beside_the_model_is_saved_and_used(tmp_path):
-    import subprocess
-    import sys
-    import textwrap
-
-    from tests.test_case import REPO_ROOT
+    from tests.test_case import fresh_json
 
     data = tmp_path / "play.txt"
     data.write_text((FIXTURES / "play_sample.txt").read_text() * 20)
@@ -195,22 +191,14 @@ def test_a_draft_trained_beside_the_model_is_saved_and_used(tmp_path):
     export = out / "export" / "language_model" / "1"
     served = json.loads((export / "assets.extra" / "keras_attn.json").read_text())
     assert served["assistant"]["kind"] == "draft_model"
-    fresh = textwrap.dedent(
-        """
-        import json, sys
-        import keras
-        import keras_attn
+    fresh = """
+import json, sys
+import keras
+import keras_attn
 
-        model = keras.saving.load_model(sys.argv[1] + "/model.keras")
-        preset = keras_attn.models.TransformerLanguageModel.from_preset(
-            sys.argv[1] + "/preset")
-        print(json.dumps([model.assistant_model.num_layers,
-                          preset.assistant_model.num_layers]))
-        """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", fresh, str(out)], capture_output=True, text=True,
-        cwd=REPO_ROOT, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == [1, 1]
+model = keras.saving.load_model(sys.argv[1] + "/model.keras")
+preset = keras_attn.models.TransformerLanguageModel.from_preset(sys.argv[1] + "/preset")
+print(json.dumps([model.assistant_model.num_layers,
+                  preset.assistant_model.num_layers]))
+"""
+    assert fresh_json(fresh, out) == [1, 1]

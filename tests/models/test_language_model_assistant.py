@@ -6,10 +6,6 @@ only keras and keras_attn), presets, and the copies `with_precision` makes.
 The text methods and files need TensorFlow Text (`tf_only`)."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -17,7 +13,7 @@ import pytest
 
 from keras_attn.models import TransformerLanguageModel
 from keras_attn.models.precision import with_precision
-from tests.test_case import REPO_ROOT
+from tests.test_case import fresh_json
 
 pytestmark = pytest.mark.tf_only
 
@@ -123,8 +119,7 @@ def test_the_assistant_is_checked(models, small_tokenizer):
     )
 
 
-FRESH = textwrap.dedent(
-    """
+FRESH = """
     import json, sys
     import keras
     import keras_attn  # noqa: F401  (registers the classes)
@@ -141,8 +136,7 @@ FRESH = textwrap.dedent(
         "generate": model.generate(prompts, max_new_tokens=8),
         "preset": preset.generate(prompts, max_new_tokens=8),
     }))
-    """
-)
+"""
 
 
 def test_model_keras_and_presets_load_with_the_draft_in_a_fresh_process(
@@ -151,19 +145,9 @@ def test_model_keras_and_presets_load_with_the_draft_in_a_fresh_process(
     model, draft, plain = models
     model.save(tmp_path / "model.keras")
     model.save_to_preset(tmp_path / "preset")
-    result = subprocess.run(
-        [
-            sys.executable, "-c", FRESH, str(tmp_path / "model.keras"),
-            str(tmp_path / "preset"), json.dumps(PROMPTS),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
+    got = fresh_json(
+        FRESH, tmp_path / "model.keras", tmp_path / "preset", json.dumps(PROMPTS)
+    )
     assert got["assistant"] == "TransformerLanguageModel"
     want = [w.numpy().ravel()[:4].tolist() for w in draft.weights]
     np.testing.assert_allclose(
