@@ -58,8 +58,15 @@ def outputs_and_gradients(attend, inputs, upstream):
     return [to_numpy(x) for x in jax.jit(run)(*inputs)]
 
 
-def test_the_kernel_runs_only_on_a_gpu():
+def test_the_kernel_runs_only_on_a_gpu_without_a_distribution(monkeypatch):
+    import jax
+
     assert pallas_runs() is None  # JAX on a CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert pallas_runs() == "gpu"
+    devices = keras.distribution.list_devices()
+    with keras.distribution.DataParallel(devices=devices).scope():
+        assert pallas_runs() is None  # a Triton call is not split across devices
 
 
 @pytest.mark.parametrize("causal", [False, True])
