@@ -37,6 +37,14 @@ def german_tokenizer(pairs, vocab_dir):
 
 
 @pytest.fixture(scope="session")
+def german_model(german_tokenizer, vocab_dir):
+    """The German SentencePiece model file that `german_tokenizer` trains
+    (a test reading the file asks for this, not for `vocab_dir`, so that
+    it does not depend on another test having trained it first)."""
+    return vocab_dir / "de.model"
+
+
+@pytest.fixture(scope="session")
 def english_tokenizer(pairs, vocab_dir):
     path = train_subword_vocabulary(
         [english for english, _ in pairs], vocab_dir / "en.model", vocabulary_size=400

@@ -90,8 +90,8 @@ def test_lossless_line_by_line_equals_whole(lossless_tokenizer, play_text):
     assert newline > END_ID and (whole == newline).sum() == text.count("\n")
 
 
-def test_sequence_length_truncates_and_pads(vocab_dir):
-    tokenizer = SubwordTokenizer(vocab_dir / "de.model", sequence_length=5)
+def test_sequence_length_truncates_and_pads(german_model):
+    tokenizer = SubwordTokenizer(german_model, sequence_length=5)
     ids = tokenizer.tokenize(["Ja.", " ".join(["Das ist ein sehr langer Satz."] * 50)])
     assert ids.shape == (2, 5) and ids.dtype == tf.int32
     short = ids.numpy()[0]
@@ -166,8 +166,8 @@ def test_sample_refuses_a_bad_alpha(german_tokenizer, alpha):
         german_tokenizer.sample(["Guten Tag."], alpha)
 
 
-def test_config_and_keras_serialization(vocab_dir, tmp_path):
-    tokenizer = SubwordTokenizer(vocab_dir / "de.model", sequence_length=7, name="de")
+def test_config_and_keras_serialization(german_model, tmp_path):
+    tokenizer = SubwordTokenizer(german_model, sequence_length=7, name="de")
     config = tokenizer.get_config()
     # The model is an asset (`save_assets`), not a config entry.
     assert config["sequence_length"] == 7 and config["proto"] is None
@@ -200,15 +200,15 @@ def test_config_and_keras_serialization(vocab_dir, tmp_path):
     old.load_assets(None)  # Keras' path with no assets
     assert old.proto == tokenizer.proto
     saved = tokenizer.save_proto(tmp_path / "copy" / "de.model")
-    assert saved.read_bytes() == (vocab_dir / "de.model").read_bytes()
+    assert saved.read_bytes() == german_model.read_bytes()
     assert (
         SubwordTokenizer.from_file(saved).vocabulary_size == tokenizer.vocabulary_size
     )
 
 
 @pytest.mark.tf_only  # string layer calls need TensorFlow
-def test_layer_call_in_functional_model(vocab_dir):
-    tokenizer = SubwordTokenizer(vocab_dir / "de.model", sequence_length=6)
+def test_layer_call_in_functional_model(german_model):
+    tokenizer = SubwordTokenizer(german_model, sequence_length=6)
     texts = keras.Input(shape=(), dtype="string")
     model = keras.Model(texts, tokenizer(texts))
     assert model.output.shape == (None, 6)
@@ -329,10 +329,10 @@ def test_saved_model_needs_only_tensorflow_and_tensorflow_text(
     ]
 
 
-def test_survives_seed_reset_and_clear_session(vocab_dir):
+def test_survives_seed_reset_and_clear_session(german_model):
     """tf.random.set_seed and clear_session empty the eager kernel cache, which
     holds TensorFlow Text's SentencePiece resource (tensorflow/text#570)."""
-    tokenizer = SubwordTokenizer(vocab_dir / "de.model")
+    tokenizer = SubwordTokenizer(german_model)
     dataset = tf.data.Dataset.from_tensor_slices(GERMAN[:4]).batch(2)
     dataset = dataset.map(tokenizer.tokenize).map(tokenizer.detokenize)
 
@@ -354,8 +354,8 @@ def test_survives_seed_reset_and_clear_session(vocab_dir):
         assert tokenizer.get_vocabulary()[:2] == ["<pad>", "<unk>"]
 
 
-def test_a_copy_shares_the_vocabulary_and_saves_none(vocab_dir, tmp_path):
-    tokenizer = SubwordTokenizer(vocab_dir / "de.model", name="de")
+def test_a_copy_shares_the_vocabulary_and_saves_none(german_model, tmp_path):
+    tokenizer = SubwordTokenizer(german_model, name="de")
     copy = tokenizer.copy(sequence_length=5)
     assert copy.sequence_length == 5 and tokenizer.sequence_length is None
     assert copy.name == "de" and copy.proto is tokenizer.proto
@@ -375,11 +375,11 @@ def test_a_copy_shares_the_vocabulary_and_saves_none(vocab_dir, tmp_path):
         tokenizer.copy(sequence_length=0)
 
 
-def test_a_saved_model_holds_the_vocabulary_as_an_asset(vocab_dir, tmp_path):
+def test_a_saved_model_holds_the_vocabulary_as_an_asset(german_model, tmp_path):
     import json
     import zipfile
 
-    tokenizer = SubwordTokenizer(vocab_dir / "de.model", sequence_length=6)
+    tokenizer = SubwordTokenizer(german_model, sequence_length=6)
     texts = keras.Input(shape=(), dtype="string")
     model = keras.Model(texts, tokenizer(texts))
     model.save(tmp_path / "model.keras")
