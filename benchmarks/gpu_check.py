@@ -652,19 +652,31 @@ def check_long(sizes) -> list[dict]:
                             "(T, T)-sized tensors in the program: "
                             + ", ".join(row["square_shapes"])
                         )
+    add_time_over_explicit(rows, "path", ("dtype", "length", "padded"))
+    return rows
+
+
+def explicit_row(rows, row, name: str, keys):
+    """The explicit path's row among `rows` (its `name` entry starts with
+    "explicit") with `row`'s values of `keys`, or None."""
+    return next(
+        (
+            other
+            for other in rows
+            if other[name].startswith("explicit")
+            and all(other[k] == row[k] for k in keys)
+        ),
+        None,
+    )
+
+
+def add_time_over_explicit(rows, name: str, keys) -> None:
+    """Each timed row's `time_over_explicit`: its time over that of the
+    explicit path's row with the same `keys` (`explicit_row`)."""
     for row in rows:
-        explicit = next(
-            (
-                other
-                for other in rows
-                if other["path"] == "explicit"
-                and all(other[k] == row[k] for k in ("dtype", "length", "padded"))
-            ),
-            None,
-        )
+        explicit = explicit_row(rows, row, name, keys)
         if "ms" in row and explicit is not None and "ms" in explicit:
             row["time_over_explicit"] = row["ms"] / explicit["ms"]
-    return rows
 
 
 def long_costs(attend, heads, padding) -> dict:
@@ -857,19 +869,7 @@ def check_float32(sizes) -> list[dict]:
                     strict=True,
                 )
             )
-    for row in rows:
-        explicit = next(
-            (
-                other
-                for other in rows
-                if other["variant"].startswith("explicit")
-                and other["masks"] == row["masks"]
-                and other["length"] == row["length"]
-            ),
-            None,
-        )
-        if "ms" in row and explicit is not None and "ms" in explicit:
-            row["time_over_explicit"] = row["ms"] / explicit["ms"]
+    add_time_over_explicit(rows, "variant", ("masks", "length"))
     return rows
 
 
@@ -1410,18 +1410,8 @@ def problems(report) -> list[str]:
         # keras-attn's automatic path: as accurate as the explicit path at
         # the same (default) precision, and Pallas's kernel from 4,096 keys
         # on a GPU.
-        explicit = next(
-            (
-                other
-                for other in float32_rows
-                if other["variant"].startswith("explicit")
-                and other["masks"] == row["masks"]
-                and other["length"] == row["length"]
-                and "max_difference" in other
-            ),
-            None,
-        )
-        if explicit is not None:
+        explicit = explicit_row(float32_rows, row, "variant", ("masks", "length"))
+        if explicit is not None and "max_difference" in explicit:
             bound = max(2 * max(explicit["max_difference"].values()), 1e-4)
             difference = max(row["max_difference"].values())
             if difference > bound:
