@@ -287,7 +287,9 @@ def make_inputs(length: int):
 
 # -- the op level -------------------------------------------------------------------
 
-OP_PATHS = ("keras", "explicit", "memory_efficient", "torch")
+# "keras_attn": `keras_attn.ops.dot_product_attention` with its own choice of
+# path (what the layers run: on PyTorch's CPU its flash kernel).
+OP_PATHS = ("keras", "keras_attn", "explicit", "memory_efficient", "torch")
 
 
 def compute_dtype(policy: str) -> str:
@@ -326,6 +328,8 @@ def op_function(path: str, causal: bool):
         return lambda q, k, v: keras.ops.dot_product_attention(
             q, k, v, is_causal=causal
         )
+    if path == "keras_attn":
+        return lambda q, k, v: dot_product_attention(q, k, v, is_causal=causal)
     if path == "explicit":
         return lambda q, k, v: dot_product_attention(
             q, k, v, is_causal=causal, flash_attention=False
@@ -371,6 +375,26 @@ def make_op_step(path: str, arrays: dict, policy: str, causal: bool):
 
         def run():
             jax.block_until_ready(step(q, k, v, cotangent))
+
+    elif backend() == "torch":
+        import torch
+
+        torch.set_num_threads(torch_threads())
+        q, k, v = (
+            torch.from_numpy(arrays[n]).to(getattr(torch, dtype)).requires_grad_()
+            for n in ("query", "key", "value")
+        )
+        cotangent = torch.from_numpy(arrays["cotangent"])
+
+        def forward(q, k, v):
+            with torch.no_grad():
+                return attend(q, k, v).float()
+
+        def run():
+            loss = torch.sum(attend(q, k, v).float() * cotangent)
+            torch.autograd.grad(loss, (q, k, v))
+
+        return (lambda: forward(q, k, v).numpy()), run
 
     else:
         import tensorflow as tf
@@ -471,6 +495,15 @@ def matmul_peak(dtype: str, size: int = 2048, runs: int = 5) -> float:
 
         def call():
             matmul(a, b).block_until_ready()
+
+    elif backend() == "torch":
+        import torch
+
+        torch.set_num_threads(torch_threads())
+        a, b = (torch.from_numpy(x).to(getattr(torch, dtype)) for x in (a, b))
+
+        def call():
+            torch.matmul(a, b)
 
     else:
         import tensorflow as tf
@@ -661,10 +694,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--backend",
-        choices=["tensorflow", "jax"],
+        choices=["tensorflow", "jax", "torch"],
         default="tensorflow",
         help="the Keras backend (KERAS_BACKEND of this process and of the "
-        "per-point processes)",
+        "per-point processes; torch at the op level only, eager)",
     )
     parser.add_argument(
         "--level",
@@ -730,6 +763,11 @@ def main(argv=None):
         )
         return None
 
+    if args.backend == "torch" and args.level != "op":
+        parser.error(
+            "--backend torch: the op level only (--level op). Received: "
+            f"--level {args.level}"
+        )
     allowed = OP_PATHS if args.level == "op" else ("keras", *LAYER_PATHS)
     requested = args.paths or (
         OP_DEFAULT_PATHS if args.level == "op" else LAYER_DEFAULT_PATHS
@@ -754,7 +792,9 @@ def main(argv=None):
     info = machine()
     amx = info["amx_tile"] or info["amx_bf16"]
     step = (
-        "jax.jit(jax.value_and_grad)" if args.backend == "jax" else "tf.function"
+        {"jax": "jax.jit(jax.value_and_grad)", "torch": "eager autograd"}.get(
+            args.backend, "tf.function"
+        )
     ) + (" (torch eager)" if "torch" in paths else "")
     what = (
         f"the attention op on ({BATCH}, T, {HEADS}, {HEAD_DIM}) inputs"

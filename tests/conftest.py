@@ -31,11 +31,15 @@ gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `tf_only` / `jax_only` cannot run on the other backend:
-    deselect them there (the other run covers them), rather than skipping
-    inside the test."""
+    """Tests marked `tf_only` / `jax_only` / `torch_only` cannot run on the
+    other backends: deselect them there (that backend's run covers them),
+    rather than skipping inside the test."""
     backend = keras.backend.backend()
-    wrong = {"tf_only": backend != "tensorflow", "jax_only": backend != "jax"}
+    wrong = {
+        "tf_only": backend != "tensorflow",
+        "jax_only": backend != "jax",
+        "torch_only": backend != "torch",
+    }
     kept, deselected = [], []
     for item in items:
         other_backend = any(

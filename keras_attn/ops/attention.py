@@ -25,6 +25,7 @@ from keras_attn.ops.attention_paths import (
     BY_LENGTH,
     FUSED,
     MEMORY_EFFICIENT,
+    broadcast_mask_kernel,
     choose_path,
     fused_kernel_runs,
     lengths_kernel_implementation,
@@ -217,6 +218,24 @@ def dot_product_attention(
         else None
     )
     lengths_kernel = {}
+    # A kernel that takes a mask broadcast along the query axis as it is
+    # (PyTorch's CPU flash kernel) gets one wherever the masks allow: the
+    # key padding alone, or a single query.
+    broadcast_mask = broadcast_mask_kernel(query)
+    query_axis = (
+        1
+        if broadcast_mask
+        and (
+            query_length == 1
+            or (
+                (mask is None or mask.shape[2] == 1)
+                and query_padding_mask is None
+                and sliding_window is None
+                and not is_causal
+            )
+        )
+        else query_length
+    )
 
     def fused_kernel():
         if form is not None:
@@ -246,7 +265,7 @@ def dot_product_attention(
                 (
                     query.shape[0],
                     1 if mask is None else mask.shape[1],  # heads
-                    query_length,
+                    query_axis,
                     key_length,
                 )
                 if masked
@@ -339,7 +358,7 @@ def dot_product_attention(
 
     def fused():
         combined = None if causal_kernel else _combined(query, key, mask, components)
-        if combined is not None:
+        if combined is not None and not broadcast_mask:
             # cuDNN takes a mask (its bias) only with both sequence axes
             # whole: a key padding mask `(B, 1, 1, Tk)` is refused ("Bias must
             # have same seq length as QKV"), and Keras then falls back to

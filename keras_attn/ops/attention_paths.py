@@ -55,9 +55,10 @@ def attention_path(
       kernel actually runs the call (`fused_kernel`, from
       `fused_kernel_runs`: cuDNN's flash attention on a recent NVIDIA GPU in
       float16 / bfloat16 on JAX, PyTorch's flash or memory-efficient CUDA
-      kernels, a TPU kernel). Where none runs (TensorFlow; JAX on a CPU, or
-      on a GPU in float32), `keras.ops.dot_product_attention` is plain
-      matmuls and a softmax over the `(Tq, Tk)` logits, so it is not taken.
+      kernels and its CPU flash kernel, a TPU kernel). Where none runs
+      (TensorFlow; JAX on a CPU, or on a GPU in float32),
+      `keras.ops.dot_product_attention` is plain matmuls and a softmax over
+      the `(Tq, Tk)` logits, so it is not taken.
       Nor is it with ALiBi (`alibi`): `keras.ops.dot_product_attention`
       takes a bias only as a whole `(B|1, N, Tq, Tk)` tensor, the tensor the
       memory-efficient path never builds, so such a call is treated as one
@@ -208,7 +209,12 @@ def fused_kernel_runs(query, key, value, mask_shape=None, is_causal=False) -> bo
       cached per platform, shapes, dtypes and mask.
     - PyTorch: CUDA tensors that PyTorch's flash or memory-efficient kernel
       accepts (`torch.backends.cuda.can_use_flash_attention` /
-      `can_use_efficient_attention`, the checks its dispatcher makes).
+      `can_use_efficient_attention`, the checks its dispatcher makes); CPU
+      tensors for which its dispatcher picks its CPU flash kernel
+      (`torch._fused_sdp_choice`), with no mask or a mask of one query row
+      (`mask_shape[2] == 1`, such as key padding alone): Keras turns a
+      boolean mask into an additive one of the same shape, so a mask with
+      both sequence axes whole would be a `(Tq, Tk)` tensor of floats.
     - TensorFlow and the other backends: no fused kernel.
 
     Args:
@@ -275,6 +281,8 @@ def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
         )
     except ImportError:
         return False
+    if query.device.type == "cpu":
+        return _torch_cpu_flash_runs(query, key, value, mask_shape, is_causal)
     if not query.is_cuda:
         return False
     query, key, value = (torch.transpose(x, 1, 2) for x in (query, key, value))
@@ -292,6 +300,47 @@ def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
         can_use_flash_attention(params, False)
         or can_use_efficient_attention(params, False)
     )
+
+
+def broadcast_mask_kernel(query) -> bool:
+    """Whether the fused kernel of this backend and device takes a mask
+    broadcast along its query axis (`(B|1, N|1, 1, Tk)`) as it is: PyTorch's
+    CPU flash kernel does (`_torch_fused_kernel_runs`); cuDNN wants both
+    sequence axes whole."""
+    return keras.backend.backend() == "torch" and query.device.type == "cpu"
+
+
+def _torch_cpu_flash_runs(query, key, value, mask_shape, is_causal) -> bool:
+    """Whether PyTorch's dispatcher computes this call with its CPU flash
+    kernel (linear memory, blocked in C++), for a mask of one query row at
+    most (see `fused_kernel_runs`)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    if mask_shape is not None and mask_shape[2] != 1:
+        return False
+    query, key, value = (torch.transpose(x, 1, 2) for x in (query, key, value))
+    mask = None
+    if mask_shape is not None:
+        mask = torch.zeros((), dtype=query.dtype).expand(tuple(mask_shape))
+    grouped = query.shape[1] != key.shape[1]
+    try:
+        # The dispatcher's own choice (a private function, stable since
+        # PyTorch 2.0; `enable_gqa` since 2.5). Keras repeats grouped
+        # key/value heads before its call; asking with `enable_gqa` about
+        # the heads as given gets the same answer without the copy.
+        choice = torch._fused_sdp_choice(
+            query,
+            key,
+            value,
+            mask,
+            0.0,
+            bool(is_causal),
+            enable_gqa=grouped,
+        )
+    except Exception:  # an older or newer PyTorch without it: no claim
+        return False
+    return choice == SDPBackend.FLASH_ATTENTION.value
 
 
 def lengths_kernel_implementation(

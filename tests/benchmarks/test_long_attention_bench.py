@@ -104,6 +104,39 @@ def test_op_level_rows(tmp_path, backend, causal):
     assert "| GFLOP/s | share of f32 peak | share of bf16 peak |" in stdout
 
 
+@pytest.mark.torch_only  # make test-torch only: about 30 s
+def test_op_level_rows_on_pytorch(tmp_path):
+    """On the PyTorch backend the op level runs eagerly; `keras_attn` is
+    `dot_product_attention`'s own choice (PyTorch's CPU flash kernel)."""
+    paths = ["keras", "keras_attn", "memory_efficient", "torch"]
+    stdout, rows = run_script(
+        tmp_path,
+        "--backend",
+        "torch",
+        "--level",
+        "op",
+        "--policies",
+        "float32",
+        "--paths",
+        *paths,
+    )
+    check_rows(rows, "torch", "op", False, ["float32"], paths)
+    assert stdout.startswith("torch: the attention op")
+
+
+def test_pytorch_backend_is_for_the_op_level_only(tmp_path):
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--backend", "torch", "--level", "layer"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "--backend torch: the op level only" in done.stderr
+    assert "Received: --level layer" in done.stderr
+
+
 @pytest.mark.large
 @pytest.mark.jax_only
 def test_layer_level_on_jax(tmp_path):

@@ -4,7 +4,9 @@ automatic switch takes it from the switch-over length on, and half precision
 runs on every backend.
 
 `flash_attention=True` forces the memory-efficient path where no fused kernel
-runs (TensorFlow; JAX on a CPU), `False` the explicit path; the same layer
+runs (TensorFlow; JAX on a CPU; here on PyTorch too, where the CPU flash
+kernel that would take some of these calls is set aside: its own tests are
+tests/ops/test_torch_cpu_kernel.py), `False` the explicit path; the same layer
 (same weights) is called both ways. Lengths span two query blocks (the
 default query block is 256 rows), and the left padding leaves rows with no
 key at all.
@@ -87,8 +89,10 @@ def expected_rows(arguments, sliding_window=None):
 
 @pytest.fixture
 def paths_taken(monkeypatch):
-    """Counts the calls of each attention path (at trace time under a jit)."""
+    """Counts the calls of each attention path (at trace time under a jit),
+    with no fused kernel claimed (PyTorch's CPU flash kernel set aside)."""
     taken = {"memory_efficient": 0, "explicit": 0}
+    monkeypatch.setattr(attention_module, "fused_kernel_runs", lambda *a, **k: False)
 
     def spy(name, function):
         def wrapper(*args, **kwargs):

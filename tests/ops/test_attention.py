@@ -263,9 +263,10 @@ def component_arguments(case):
 
 
 # The fused path only where keras.ops.dot_product_attention can compute it
-# (JAX's XLA attention; TensorFlow has none).
+# (JAX's XLA attention, PyTorch's scaled_dot_product_attention; TensorFlow
+# has none).
 FORCED_PATHS = ["explicit", "memory_efficient"] + (
-    ["fused"] if keras.backend.backend() == "jax" else []
+    ["fused"] if keras.backend.backend() in ("jax", "torch") else []
 )
 
 

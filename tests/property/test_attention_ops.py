@@ -50,7 +50,12 @@ def count(tensorflow: int, jax: int) -> int:
     return tensorflow if BACKEND == "tensorflow" else jax
 
 
-PATHS = ["explicit", "memory_efficient"] + (["fused"] if BACKEND == "jax" else [])
+# The fused path: Keras's dot_product_attention, simulated on JAX (below),
+# PyTorch's scaled_dot_product_attention on PyTorch (its CPU flash kernel
+# where the masks allow, tests/ops/test_torch_cpu_kernel.py).
+PATHS = ["explicit", "memory_efficient"] + (
+    ["fused"] if BACKEND in ("jax", "torch") else []
+)
 DTYPES = ["float32", "float32", "float32", "bfloat16", "float16"]
 # The fused path is simulated off the GPU (`forced`): XLA's CPU attention
 # computes the call, and its CPU matrix product has no float16 x float16 ->
@@ -329,10 +334,11 @@ def attention_cases(draw):
     batch, query_length, key_length, heads = shape[:4]
     arguments = draw(mask_components(batch, query_length, key_length, heads))
     path = draw(st.sampled_from(PATHS))
-    dtype = draw(st.sampled_from(FUSED_DTYPES if path == "fused" else DTYPES))
+    simulated = path == "fused" and BACKEND == "jax"
+    dtype = draw(st.sampled_from(FUSED_DTYPES if simulated else DTYPES))
     assume(
         not (
-            path == "fused"
+            simulated
             and dtype == "bfloat16"
             and batch == query_length == key_length == heads == 1
         )
