@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/serving_profile.py profile EXPORT [--batch 1]
     .venv/bin/python benchmarks/serving_profile.py compare BEFORE AFTER [--calls 80]
+    .venv/bin/python benchmarks/serving_profile.py floor [--rows 16]
 
 `profile` loads a version directory as TF Serving loads it (the TF1 loader,
 `serve` tag, one session), calls `serving_default` with real sentences
@@ -16,6 +17,14 @@ each and their ratio, with the same process's 2048² float32 matmul rate.
 For a sentiment export it then reports the largest probability difference
 and the share of equal labels on the whole test split; for a translator, how
 many translations are identical.
+
+`floor` times what the arithmetic alone costs a served call: the matmuls of
+an encoder's blocks (per block the query, key, value and output projections
+and the two feed-forward products; MiniLM's sizes by default) on `--rows`
+token rows, chained in one `tf.function`, with the weights as variables (as
+an export reads them), in float32 and bfloat16: the p50 of 200 calls and
+the bytes of weights each call reads. At batch 1 these products are bound
+by reading the weights, not by the matmul peak.
 """
 
 from __future__ import annotations
@@ -148,6 +157,45 @@ def compare(before, after, calls: int) -> None:
         print(f"identical translations: {same} of {len(texts)}")
 
 
+def floor(rows: int, blocks: int, width: int, intermediate: int) -> None:
+    import tensorflow as tf
+
+    shapes = [(width, width)] * 4 + [(width, intermediate), (intermediate, width)]
+    print(
+        f"{blocks} blocks of width {width} and {intermediate}, {rows} rows, "
+        f"oneDNN {'off' if os.environ.get('TF_ENABLE_ONEDNN_OPTS') == '0' else 'on'}"
+    )
+    for dtype in (tf.float32, tf.bfloat16):
+        rng = np.random.default_rng(0)
+        weights = [
+            [
+                tf.Variable(tf.cast(rng.normal(size=shape) * 0.05, dtype))
+                for shape in shapes
+            ]
+            for _ in range(blocks)
+        ]
+        inputs = tf.cast(rng.normal(size=(rows, width)), dtype)
+
+        @tf.function
+        def products(x, weights=weights):
+            for q, k, v, o, up, down in weights:
+                heads = tf.matmul(x, q) + tf.matmul(x, k) + tf.matmul(x, v)
+                x = x + 0.01 * tf.matmul(tf.matmul(tf.matmul(heads, o), up), down)
+            return x
+
+        products(inputs)
+        seconds = []
+        for _ in range(200):
+            start = time.perf_counter()
+            products(inputs).numpy()
+            seconds.append(time.perf_counter() - start)
+        read = blocks * sum(a * b for a, b in shapes) * dtype.size
+        print(
+            f"{dtype.name}: p50 {np.median(seconds) * 1e3:.2f} ms, "
+            f"{read / 1e6:.1f} MB of weights per call ({read} bytes)"
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -158,9 +206,16 @@ def main():
     two.add_argument("before")
     two.add_argument("after")
     two.add_argument("--calls", type=int, default=80)
+    three = commands.add_parser("floor")
+    three.add_argument("--rows", type=int, default=16)
+    three.add_argument("--blocks", type=int, default=6)
+    three.add_argument("--width", type=int, default=384)
+    three.add_argument("--intermediate", type=int, default=1536)
     args = parser.parse_args()
     if args.command == "profile":
         profile(args.export, args.batch)
+    elif args.command == "floor":
+        floor(args.rows, args.blocks, args.width, args.intermediate)
     else:
         compare(args.before, args.after, args.calls)
 

@@ -331,16 +331,9 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
     ):  # fmt: skip
         self.check_assistant(assistant_model, sampler, max_length)
         batch = ops.shape(prompt)[0]
-        if isinstance(assistant_model, str):
-            proposer = generation.PromptLookupProposer()
-        else:
-            proposer = generation.DraftModelProposer(
-                _task.WithoutPadding(assistant_model.call_with_cache),
-                assistant_model.initial_cache(batch, max_length),
-            )
         return generation.speculative_sample(
             _task.WithoutPadding(self.call_with_cache),
-            proposer,
+            self._proposer(assistant_model, batch, max_length),
             prompt,
             self.initial_cache(batch, max_length),
             max_length,
@@ -350,6 +343,18 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             prompt_lengths=prompt_lengths,
             end_token_id=end_token_id,
             pad_token_id=PAD_ID,
+        )
+
+    @staticmethod
+    def _proposer(assistant_model, batch, max_length):
+        """The guesses' source for `batch` rows of `max_length` tokens: prompt
+        lookup for `"prompt_lookup"`, else the draft model over its own
+        cache."""
+        if isinstance(assistant_model, str):
+            return generation.PromptLookupProposer()
+        return generation.DraftModelProposer(
+            _task.WithoutPadding(assistant_model.call_with_cache),
+            assistant_model.initial_cache(batch, max_length),
         )
 
     # -- scoring ------------------------------------------------------------------
