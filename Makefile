@@ -11,6 +11,8 @@ STAMP := $(VENV)/.installed
 #   eb4c5eb, later on the same machine, 15:52 (1,874 passed) and 3:54 (662
 #   passed), 19:46 in all, then the TensorFlow run again in 14:18: the same
 #   tests vary by a quarter there, so take the budget's margin as small.
+#   At 21d46e8 (another host of that kind, idle): 13:12 (1,878 passed) and
+#   2:57 (662 passed), 16:22 in all.
 #   The figures below are from before the `slow` marks of 0c54d59.
 # - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-04, 2 workers
 #   while other work shared the cores: the TensorFlow run 25:24 (1,869
