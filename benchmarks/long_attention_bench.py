@@ -377,24 +377,8 @@ def make_op_step(path: str, arrays: dict, policy: str, causal: bool):
             jax.block_until_ready(step(q, k, v, cotangent))
 
     elif backend() == "torch":
-        import torch
-
-        torch.set_num_threads(torch_threads())
-        q, k, v = (
-            torch.from_numpy(arrays[n]).to(getattr(torch, dtype)).requires_grad_()
-            for n in ("query", "key", "value")
-        )
-        cotangent = torch.from_numpy(arrays["cotangent"])
-
-        def forward(q, k, v):
-            with torch.no_grad():
-                return attend(q, k, v).float()
-
-        def run():
-            loss = torch.sum(attend(q, k, v).float() * cotangent)
-            torch.autograd.grad(loss, (q, k, v))
-
-        return (lambda: forward(q, k, v).numpy()), run
+        # Keras's layout, (B, T, N, H), as the arrays are.
+        return _torch_eager_step(attend, arrays, policy, lambda x: x)
 
     else:
         import tensorflow as tf
@@ -438,29 +422,43 @@ def torch_available() -> str | None:
 def _make_torch_step(arrays: dict, policy: str, causal: bool):
     """PyTorch's `scaled_dot_product_attention` on the CPU, eager, on
     `(B, N, T, H)` tensors (its layout)."""
+    import torch
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal
+        )
+
+    return _torch_eager_step(attend, arrays, policy, lambda x: x.transpose(0, 2, 1, 3))
+
+
+def _torch_eager_step(attend, arrays: dict, policy: str, layout):
+    """`(forward, step)` of `attend` on PyTorch tensors, eager: the arrays
+    put in `attend`'s layout by `layout` (a NumPy axes permutation, its own
+    inverse), the forward's outputs returned in the arrays' layout as NumPy
+    float32, and a step of `sum(outputs * cotangent)`'s gradients of query,
+    key and value."""
     import numpy as np
     import torch
 
     torch.set_num_threads(torch_threads())
     dtype = getattr(torch, compute_dtype(policy))
 
-    def heads_first(x):
-        return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1, 3)))
+    def tensor(x):
+        return torch.from_numpy(np.ascontiguousarray(layout(x)))
 
     q, k, v = (
-        heads_first(arrays[n]).to(dtype).requires_grad_()
-        for n in ("query", "key", "value")
+        tensor(arrays[n]).to(dtype).requires_grad_() for n in ("query", "key", "value")
     )
-    cotangent = heads_first(arrays["cotangent"])
-    attend = torch.nn.functional.scaled_dot_product_attention
+    cotangent = tensor(arrays["cotangent"])
 
     def forward():
         with torch.no_grad():
-            outputs = attend(q, k, v, is_causal=causal)
-        return outputs.float().transpose(1, 2).numpy()
+            outputs = attend(q, k, v)
+        return layout(outputs.float().numpy())
 
     def run():
-        loss = torch.sum(attend(q, k, v, is_causal=causal).float() * cotangent)
+        loss = torch.sum(attend(q, k, v).float() * cotangent)
         torch.autograd.grad(loss, (q, k, v))
 
     return forward, run

@@ -135,6 +135,18 @@ def acceptance_rate(model, assistant, prompts, new_tokens, k) -> float:
 def language_model_rows(run, count, new_tokens, rounds, k) -> list[dict]:
     model, _ = load(run)
     prompts = lm_prompts(count)
+    # Each method's acceptance over all the prompts: the same at any batch.
+    acceptance = {
+        name: acceptance_rate(
+            model,
+            model.assistant_model if name == "draft" else assistant,
+            prompts,
+            new_tokens,
+            k,
+        )
+        for name, assistant in LM_METHODS.items()
+        if name != "plain"
+    }
     rows = []
     for batch in (1, count):
         calls = {
@@ -149,7 +161,6 @@ def language_model_rows(run, count, new_tokens, rounds, k) -> list[dict]:
             tokens = sum(
                 len(model.preprocessor.tokenizer.tokenize(text)) for text in texts[name]
             )
-            assistant = model.assistant_model if name == "draft" else LM_METHODS[name]
             rows.append(
                 {
                     "task": "language_model",
@@ -160,9 +171,7 @@ def language_model_rows(run, count, new_tokens, rounds, k) -> list[dict]:
                     "tokens_per_second": tokens / seconds[name],
                     "speedup": seconds["plain"] / seconds[name],
                     "same_as_plain": texts[name] == texts["plain"],
-                    "acceptance_rate": None
-                    if name == "plain"
-                    else acceptance_rate(model, assistant, prompts, new_tokens, k),
+                    "acceptance_rate": acceptance.get(name),
                 }
             )
     return rows

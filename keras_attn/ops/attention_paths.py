@@ -271,7 +271,9 @@ def _compiled_program_has_fused_kernel(attend, arguments) -> bool:
 
 def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
     """PyTorch's own kernel checks on the inputs Keras gives
-    `scaled_dot_product_attention` (heads before time, an additive mask)."""
+    `scaled_dot_product_attention` (heads before time, an additive mask):
+    for CUDA tensors its flash and memory-efficient kernels' checks, for CPU
+    tensors its dispatcher's choice (`_torch_cpu_flash_runs`)."""
     try:
         import torch
         from torch.backends.cuda import (
@@ -281,10 +283,11 @@ def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
         )
     except ImportError:
         return False
-    if query.device.type == "cpu":
-        return _torch_cpu_flash_runs(query, key, value, mask_shape, is_causal)
-    if not query.is_cuda:
+    cpu = query.device.type == "cpu"
+    if not (cpu or query.is_cuda):
         return False
+    if cpu and mask_shape is not None and mask_shape[2] != 1:
+        return False  # a (Tq, Tk) float mask: see `fused_kernel_runs`
     query, key, value = (torch.transpose(x, 1, 2) for x in (query, key, value))
     mask = None
     if mask_shape is not None:
@@ -292,6 +295,8 @@ def _torch_fused_kernel_runs(query, key, value, mask_shape, is_causal) -> bool:
         mask = torch.zeros((), dtype=query.dtype, device=query.device).expand(
             tuple(mask_shape)
         )
+    if cpu:
+        return _torch_cpu_flash_runs(query, key, value, mask, is_causal)
     try:
         params = SDPAParams(query, key, value, mask, 0.0, bool(is_causal), False)
     except TypeError:  # PyTorch before enable_gqa
@@ -310,20 +315,13 @@ def broadcast_mask_kernel(query) -> bool:
     return keras.backend.backend() == "torch" and query.device.type == "cpu"
 
 
-def _torch_cpu_flash_runs(query, key, value, mask_shape, is_causal) -> bool:
-    """Whether PyTorch's dispatcher computes this call with its CPU flash
-    kernel (linear memory, blocked in C++), for a mask of one query row at
-    most (see `fused_kernel_runs`)."""
+def _torch_cpu_flash_runs(query, key, value, mask, is_causal) -> bool:
+    """Whether PyTorch's dispatcher computes a call on these heads-first CPU
+    tensors (and stand-in additive mask) with its CPU flash kernel (linear
+    memory, blocked in C++)."""
     import torch
     from torch.nn.attention import SDPBackend
 
-    if mask_shape is not None and mask_shape[2] != 1:
-        return False
-    query, key, value = (torch.transpose(x, 1, 2) for x in (query, key, value))
-    mask = None
-    if mask_shape is not None:
-        mask = torch.zeros((), dtype=query.dtype).expand(tuple(mask_shape))
-    grouped = query.shape[1] != key.shape[1]
     try:
         # The dispatcher's own choice (a private function, stable since
         # PyTorch 2.0; `enable_gqa` since 2.5). Keras repeats grouped
@@ -336,7 +334,7 @@ def _torch_cpu_flash_runs(query, key, value, mask_shape, is_causal) -> bool:
             mask,
             0.0,
             bool(is_causal),
-            enable_gqa=grouped,
+            enable_gqa=query.shape[1] != key.shape[1],
         )
     except Exception:  # an older or newer PyTorch without it: no claim
         return False
