@@ -14,7 +14,9 @@ the blocked forward and the backward pass of its custom gradient.
   (`blocked_attention.backward_plan`).
 
 `ops.map`, `ops.fori_loop` and `ops.scan` run over the blocks one block at
-a time on every backend (`_map`, `_fori_loop`, `_scan`, `_scan_range`).
+a time on every backend (`_map`, `_fori_loop`, `_scan`, `_scan_range`); on
+PyTorch, which runs each op as it comes, they are plain Python loops
+(`_python_loops`).
 """
 
 from __future__ import annotations
@@ -97,6 +99,28 @@ def _masked_logits(query, key, i, j, masks, query_flags, key_flags):
     return logits, mask
 
 
+def _python_loops() -> bool:
+    """Whether the loops below are Python loops: on PyTorch, eager.
+
+    Keras's PyTorch `ops.scan` (and `ops.map`, a scan) packs every step's
+    elements with `keras.tree`, and PyTorch's `tree_flatten` leaves a
+    reference cycle (a recursive closure holding Keras's `is_leaf`, which
+    holds the structure) per call: each step's blocks then live until
+    Python's garbage collector runs, gigabytes at 8k tokens. Keras's
+    `ops.slice_update` copies the whole tensor on PyTorch, so `_scan_range`'s
+    in-place update would copy the full query gradient once per block.
+    """
+    return keras.backend.backend() == "torch"
+
+
+def _stacked(ys: list, num_outputs: int):
+    """The steps' outputs `ys` (tensors, or tuples of `num_outputs`) stacked
+    on a new first axis."""
+    if num_outputs == 1:
+        return ops.stack(ys)
+    return tuple(ops.stack([y[k] for y in ys]) for k in range(num_outputs))
+
+
 def _fori_loop(lower, upper, body, init):
     """`ops.fori_loop` that runs one iteration at a time on every backend.
 
@@ -106,6 +130,11 @@ def _fori_loop(lower, upper, body, init):
     once (and ten times that with a loop inside a loop). There is no public
     Keras argument for it, hence the TensorFlow call here.
     """
+    if _python_loops():
+        state = init
+        for i in range(int(lower), int(upper)):
+            state = body(i, state)
+        return state
     if keras.backend.backend() != "tensorflow":
         return ops.fori_loop(lower, upper, body, init)
     import tensorflow as tf
@@ -126,6 +155,10 @@ def _map(f, xs, num_outputs: int = 1):
     `_fori_loop`. `f` returns `num_outputs` float32 tensors (one tensor, or a
     tuple of them).
     """
+    if _python_loops():
+        return _stacked(
+            [f(tuple(x[i] for x in xs)) for i in range(dim(xs[0], 0))], num_outputs
+        )
     if keras.backend.backend() != "tensorflow":
         return ops.map(f, xs)
     import tensorflow as tf
@@ -147,6 +180,12 @@ def _scan(f, init, xs, num_outputs: int = 1):
     one iteration in flight writes each `y` to a `TensorArray` instead, so no
     step copies what the others wrote.
     """
+    if _python_loops():
+        carry, ys = init, []
+        for i in range(dim(xs[0], 0)):
+            carry, y = f(carry, tuple(x[i] for x in xs))
+            ys.append(y)
+        return carry, _stacked(ys, num_outputs)
     if keras.backend.backend() != "tensorflow":
         return ops.scan(f, init, xs)
     import tensorflow as tf
@@ -185,6 +224,21 @@ def _scan_range(f, init, xs, start, end, size):
     the stacked array is never empty: the callers' blocks outside the range
     are fully masked, so that block adds exact zeros.
     """
+    if _python_loops():
+        start, end, carry, ys = int(start), int(end), init, []
+        for i in range(start, end):
+            carry, y = f(carry, tuple(x[i] for x in xs), i)
+            ys.append(y)
+        if not ys:
+            return carry, ops.zeros_like(xs[0])
+        rest = tuple(xs[0].shape[1:])
+        return carry, ops.concatenate(
+            [
+                ops.zeros((start, *rest), "float32"),
+                ops.stack(ys),
+                ops.zeros((size - end, *rest), "float32"),
+            ]
+        )
     if keras.backend.backend() != "tensorflow":
 
         def body(i, state):

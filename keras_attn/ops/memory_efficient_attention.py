@@ -12,9 +12,9 @@ an offset, a sliding window, and an optional explicit mask that is read block
 by block), so no `(B, N, Tq, Tk)` mask is materialised either; ALiBi's bias is
 computed block by block from the same positions. Written with
 `keras.ops` only (`ops.map` over one axis of blocks, `ops.fori_loop` over the
-other, `ops.custom_gradient`), it is tested on TensorFlow and JAX (the
-PyTorch backend runs the same code, untested); on TensorFlow the graph holds no
-`Xla*` op, so a SavedModel that uses it loads with TensorFlow alone.
+other, `ops.custom_gradient`; Python loops on PyTorch), it is tested on
+TensorFlow, JAX and PyTorch; on TensorFlow the graph holds no `Xla*` op, so
+a SavedModel that uses it loads with TensorFlow alone.
 
 This module holds the function and its custom gradient; the block layout
 (block sizes, blocks, per-block masks and dropout) is
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numbers
 
+import keras
 from keras import ops
 
 from keras_attn import _validation as v
@@ -289,6 +290,13 @@ def memory_efficient_attention(
         )  # (nq, B, N, bq, Hv), (nq, B, N, bq, 1)
         output_rows = from_blocks(output_blocks, plan.query_length)  # (B, Tq, N, Hv)
         outputs = ops.cast(output_rows, value.dtype)
+        if outputs is output_rows and keras.backend.backend() == "torch":
+            # PyTorch makes the returned tensor the autograd node's output,
+            # and Keras keeps `grad` on the node: `grad` holding that same
+            # tensor would be a cycle (node → grad → tensor → node) that
+            # keeps every step's saved blocks until Python's cyclic garbage
+            # collector runs. A copy breaks it.
+            outputs = ops.copy(output_rows)
 
         def grad(*args, upstream=None):
             if upstream is None:
