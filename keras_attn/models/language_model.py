@@ -35,6 +35,24 @@ def _stream_seed(sampler, seed):
     return np.asarray(int(seed) & 0xFFFFFFFF, hash_dtype())
 
 
+def _stop_length(prompt, prompt_lengths, max_length, max_new_tokens, sampler):
+    """Where `generate_ids` stops decoding: `max_length`, or with
+    `max_new_tokens` the longest prompt's end plus that many tokens (at most
+    `max_length`; an int32 scalar tensor with `prompt_lengths`). Beam
+    search's scores look at `max_length`: it searches to there."""
+    if max_new_tokens is None or isinstance(sampler, generation.BeamSampler):
+        return max_length
+    v.check_positive_int("max_new_tokens", max_new_tokens)
+    if prompt_lengths is None and isinstance(prompt.shape[1], int):
+        return min(prompt.shape[1] + max_new_tokens, max_length)
+    longest = (
+        ops.shape(prompt)[1]
+        if prompt_lengths is None
+        else ops.max(ops.cast(prompt_lengths, "int32"), initial=0)
+    )
+    return ops.minimum(ops.cast(longest + max_new_tokens, "int32"), max_length)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
     """Decoder-only next-token model (GPT-style) of causal decoder blocks.
@@ -277,12 +295,20 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         seed=None,
         assistant_model=None,
         num_speculative_tokens: int = 4,
+        max_new_tokens: int | None = None,
     ):
         """Continue right-padded prompt ids `(B, T0)` to `max_length` tokens
         over the KV cache: int32 `(B, max_length)`, the prompt, the new
         tokens, then padding after the end token. The new tokens are never
         the padding id 0 (a padded position to the model's own mask, but a
         token to the cache): the samplers choose among the other ids.
+
+        `max_new_tokens`: decoding stops once every row holds that many new
+        tokens (the longest prompt's end plus `max_new_tokens`), not at
+        `max_length`; a shorter row's later positions then hold whatever it
+        decoded up to there (the first `max_new_tokens` of each row are what
+        they would be without it). None (default): decode to `max_length`.
+        Beam search always searches to `max_length`.
 
         `sampler`: `"greedy"` or a `keras_attn.generation` sampler instance
         (`TopKSampler(k=10, temperature=0.8)`, `TopPSampler`, `BeamSampler`,
@@ -300,34 +326,36 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         """
         prompt = ops.convert_to_tensor(prompt, "int32")
         assistant_model = self._assistant(assistant_model, sampler)
-        if assistant_model is not None:
-            return self._speculative_ids(
-                prompt, max_length, sampler, prompt_lengths, end_token_id,
-                seed, assistant_model, num_speculative_tokens,
-            )  # fmt: skip
-        if sampler == "greedy":
+        if sampler == "greedy" and assistant_model is None:
             sampler = generation.GreedySampler()
-        if not isinstance(sampler, generation.Sampler):
+        if assistant_model is None and not isinstance(sampler, generation.Sampler):
             raise ValueError(
                 "`sampler` must be 'greedy' or a keras_attn.generation sampler. "
                 f"Received: sampler={sampler!r}"
             )
+        stop = _stop_length(prompt, prompt_lengths, max_length, max_new_tokens, sampler)
+        if assistant_model is not None:
+            return self._speculative_ids(
+                prompt, max_length, sampler, prompt_lengths, end_token_id,
+                seed, assistant_model, num_speculative_tokens, stop,
+            )  # fmt: skip
         cache = self.initial_cache(ops.shape(prompt)[0], max_length)
         tokens = sampler(
             _task.WithoutPadding(self.call_with_cache),
             prompt,
             cache,
-            max_length,
+            stop,
             prompt_lengths=prompt_lengths,
             end_token_id=end_token_id,
             pad_token_id=PAD_ID,
+            output_length=max_length,
             seed=seed,
         )
         return tokens[0] if isinstance(tokens, tuple) else tokens
 
     def _speculative_ids(
         self, prompt, max_length, sampler, prompt_lengths, end_token_id, seed,
-        assistant_model, num_speculative_tokens,
+        assistant_model, num_speculative_tokens, stop,
     ):  # fmt: skip
         self.check_assistant(assistant_model, sampler, max_length)
         batch = ops.shape(prompt)[0]
@@ -336,13 +364,14 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             self._proposer(assistant_model, batch, max_length),
             prompt,
             self.initial_cache(batch, max_length),
-            max_length,
+            stop,
             sampler=generation.GreedySampler() if sampler == "greedy" else sampler,
             seed=seed,
             num_speculative_tokens=num_speculative_tokens,
             prompt_lengths=prompt_lengths,
             end_token_id=end_token_id,
             pad_token_id=PAD_ID,
+            output_length=max_length,
         )
 
     @staticmethod
@@ -634,8 +663,9 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         total = context if max_new_tokens is None else width + max_new_tokens
         if tf.executing_eagerly() and keras.backend.backend() in ("tensorflow", "jax"):
             generate = self._compiled_generation(
-                width, total, sampler, seed, assistant_model, num_speculative_tokens
-            )
+                width, total, sampler, seed, assistant_model, num_speculative_tokens,
+                max_new_tokens,
+            )  # fmt: skip
             tokens = tf.convert_to_tensor(
                 self.run_generate_function(generate, prompt.numpy(), lengths.numpy())
             )
@@ -648,6 +678,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
                 seed=seed,
                 assistant_model=assistant_model,
                 num_speculative_tokens=num_speculative_tokens,
+                max_new_tokens=max_new_tokens,
             )  # (B, total): prompt, new tokens, padding; fmt: skip
         positions = tf.range(total)[None, :]
         first_new = lengths[:, None]
@@ -812,6 +843,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         seed,
         assistant_model=None,
         num_speculative_tokens=4,
+        max_new_tokens=None,
     ):
         """`generate_ids` of `(prompt (B, width), lengths (B,))` to `total`
         tokens, compiled once per setting (`make_generate_function`; a draft
@@ -823,6 +855,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
                     prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed,
                     assistant_model=assistant_model,
                     num_speculative_tokens=num_speculative_tokens,
+                    max_new_tokens=max_new_tokens,
                 )  # fmt: skip
 
             return generate
@@ -830,7 +863,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         draft = assistant_model if isinstance(assistant_model, keras.Model) else None
         return self.make_generate_function(
             ("generation", width, total, id(sampler), seed, id(assistant_model),
-             num_speculative_tokens),
+             num_speculative_tokens, max_new_tokens),
             build,
             depends=(sampler, assistant_model),
             signature=[([None, width], "int32"), ([None], "int32")],

@@ -50,6 +50,39 @@ def test_cache_equals_full_pass_and_generates():
         model.generate_ids(TOKENS, 8, sampler="beam")
 
 
+@pytest.mark.parametrize(
+    "sampler, assistant",
+    [
+        ("greedy", None),
+        (generation.TopKSampler(k=3, seed=7), None),
+        ("greedy", "prompt_lookup"),
+    ],
+    ids=["greedy", "top_k", "prompt_lookup"],
+)
+def test_max_new_tokens_stops_once_every_row_has_them(sampler, assistant):
+    # Rows of 2 and 4 prompt tokens in a buffer of 12: with max_new_tokens=3
+    # decoding stops at position 4 + 3, where it went on to 12 before. The
+    # first 3 new tokens of every row are unchanged; later positions are
+    # padding (never decoded).
+    model = small_language_model()
+    lengths = np.array([2, 4], "int32")
+    prompt = np.where(np.arange(6) < lengths[:, None], TOKENS, 0).astype("int32")
+    options = dict(
+        prompt_lengths=lengths, end_token_id=None, seed=3, assistant_model=assistant
+    )
+    full = to_numpy(model.generate_ids(prompt, 12, sampler=sampler, **options))
+    short = to_numpy(
+        model.generate_ids(prompt, 12, sampler=sampler, max_new_tokens=3, **options)
+    )
+    assert short.shape == (2, 12)
+    for row, length in enumerate(lengths):
+        np.testing.assert_array_equal(short[row, : length + 3], full[row, : length + 3])
+    assert (full[:, 7:] != 0).all()  # decoded to the end without it
+    np.testing.assert_array_equal(short[:, 7:], 0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate_ids(prompt, 12, max_new_tokens=0)
+
+
 def test_is_causal_and_ties_embeddings():
     model = small_language_model()
     changed = TOKENS.copy()
