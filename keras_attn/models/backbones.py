@@ -34,6 +34,7 @@ from keras_attn._compat_0_2 import (
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_attn.models._saving import ExplicitSignatures
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models._task import cached
 from keras_attn.models.layouts import layout_map
@@ -52,7 +53,7 @@ def _check_sizes(vocabulary_size, sequence_length, num_layers, dropout, position
     v.check_choice("position", position, POSITIONS)
 
 
-class _Backbone(SetattrBeforeInit, keras.Model):
+class _Backbone(SetattrBeforeInit, ExplicitSignatures, keras.Model):
     """What the backbones share: the embedding's name for tied heads
     (`token_embedding`, as keras-hub's `Backbone`), the blocks, the config
     entries every backbone has, and the dtype policy.

@@ -22,6 +22,7 @@ import keras
 
 from keras_attn._compat_0_2 import FilesBeforeBackbones, blocks_of_config
 from keras_attn.models import _task
+from keras_attn.models._saving import ExplicitSignatures
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models.layouts import layout_map
 from keras_attn.models.quantization import (
@@ -32,7 +33,7 @@ from keras_attn.models.quantization import (
 )
 
 
-class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit):
+class BackboneTask(FilesBeforeBackbones, SetattrBeforeInit, ExplicitSignatures):
     """Mixin of the tasks built on backbones (put first in the bases).
 
     Subclasses set `backbone` (and any other backbone, listed by

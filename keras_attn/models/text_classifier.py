@@ -10,6 +10,7 @@ from keras import ops
 from keras_attn import _validation as v
 from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.models import _task
+from keras_attn.models._saving import ExplicitSignatures
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models.backbones import TransformerEncoderBackbone
 from keras_attn.models.quantization import QuantizableTask, float32_head_policy
@@ -411,7 +412,9 @@ class TextClassifier(BackboneTask, _ClassifierTask, keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TextClassifierEnsemble(SetattrBeforeInit, _ClassifierTask, keras.Model):
+class TextClassifierEnsemble(
+    SetattrBeforeInit, ExplicitSignatures, _ClassifierTask, keras.Model
+):
     """Several `TextClassifier`s whose probabilities are averaged.
 
     One model, `token_ids (B, T) -> positive_probability (B, 1)` float32, the

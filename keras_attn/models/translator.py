@@ -21,13 +21,14 @@ from keras_attn import _validation as v
 from keras_attn import generation
 from keras_attn._extras import missing_extra_error
 from keras_attn.models import _task
+from keras_attn.models._saving import ExplicitSignatures
 from keras_attn.models.generative_task import GenerativeTask
 from keras_attn.models.quantization import deserialize_dtype
 
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
-class Translator(GenerativeTask, keras.Model):
+class Translator(GenerativeTask, ExplicitSignatures, keras.Model):
     """Base class of `RNNTranslator` and `TransformerTranslator`.
 
     Subclasses build their functional graph (inputs `{"encoder_inputs":

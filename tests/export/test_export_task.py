@@ -146,6 +146,31 @@ class TransformerTranslatorWithExtras(TransformerTranslator):
         return "unrelated"
 
 
+def test_an_export_builds_no_default_signature(small_tokenizer, tmp_path, monkeypatch):
+    """Keras's `ExportArchive` reads `_default_save_signature` of every model
+    it tracks and traces it (the whole model at unknown lengths) only to
+    drop it; keras-attn's models have none, so no such trace happens, and
+    `tf.saved_model.save` of one writes no signature it was not given."""
+    from keras.src.backend.tensorflow.layer import TFLayer
+
+    built = []
+
+    def counting(self):
+        if isinstance(self, keras.Model):  # Keras builds one for models only
+            built.append(type(self).__name__)
+        return None
+
+    monkeypatch.setattr(TFLayer, "_default_save_signature", property(counting))
+    task = small_task("sentiment", small_tokenizer)
+    export_task(task, tmp_path / "export", **TASKS["sentiment"][0])
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    tf.saved_model.save(plain, str(tmp_path / "plain"))
+    # Read for the plain Keras model (and its inner functional model) only.
+    assert built and set(built) <= {"Sequential", "Functional"}, built
+    tf.saved_model.save(task.backbone, str(tmp_path / "backbone"))
+    assert list(tf.saved_model.load(str(tmp_path / "backbone")).signatures) == []
+
+
 @pytest.mark.parametrize(
     "kind, cls, alignment",
     [
