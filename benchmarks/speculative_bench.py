@@ -93,8 +93,7 @@ def acceptance_rate(model, assistant, prompts, new_tokens, k) -> float:
     TensorFlow): `sum(new - rounds) / (k * sum(rounds))` over the rows, 1.0
     when every guess is kept and no round is cut short by the end token or
     the length."""
-    from keras_attn import generation
-    from keras_attn.models import _task
+    from keras_attn.generation import GreedySampler
     from keras_attn.models.language_model import END_ID, START_ID
 
     # The prompts as `continue_ids` makes them: the start token, then the
@@ -107,20 +106,12 @@ def acceptance_rate(model, assistant, prompts, new_tokens, k) -> float:
     for index, row in enumerate(rows):
         prompt[index, : len(row)] = row
     total = int(lengths.max()) + new_tokens
-    batch = len(prompts)
 
     def stats(prompt, lengths):
-        return generation.speculative_greedy_search(
-            _task.WithoutPadding(model.call_with_cache),
-            model._proposer(assistant, batch, total),
-            prompt,
-            model.initial_cache(batch, total),
-            total,
-            num_speculative_tokens=k,
-            prompt_lengths=lengths,
-            end_token_id=END_ID,
-            return_stats=True,
-        )[1]
+        return model._speculative_ids(
+            prompt, total, GreedySampler(), lengths, END_ID, None, assistant, k,
+            stop=total, return_stats=True,
+        )[1]  # fmt: skip
 
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf

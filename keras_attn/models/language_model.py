@@ -326,7 +326,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         """
         prompt = ops.convert_to_tensor(prompt, "int32")
         assistant_model = self._assistant(assistant_model, sampler)
-        if sampler == "greedy" and assistant_model is None:
+        if sampler == "greedy":
             sampler = generation.GreedySampler()
         if assistant_model is None and not isinstance(sampler, generation.Sampler):
             raise ValueError(
@@ -355,8 +355,11 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
 
     def _speculative_ids(
         self, prompt, max_length, sampler, prompt_lengths, end_token_id, seed,
-        assistant_model, num_speculative_tokens, stop,
+        assistant_model, num_speculative_tokens, stop, return_stats=False,
     ):  # fmt: skip
+        """`generate_ids` with an assistant, decoding to `stop` in a buffer
+        of `max_length`; `return_stats`: `(tokens, counts)` as
+        `generation.speculative_sample` returns them."""
         self.check_assistant(assistant_model, sampler, max_length)
         batch = ops.shape(prompt)[0]
         return generation.speculative_sample(
@@ -365,13 +368,14 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             prompt,
             self.initial_cache(batch, max_length),
             stop,
-            sampler=generation.GreedySampler() if sampler == "greedy" else sampler,
+            sampler=sampler,
             seed=seed,
             num_speculative_tokens=num_speculative_tokens,
             prompt_lengths=prompt_lengths,
             end_token_id=end_token_id,
             pad_token_id=PAD_ID,
             output_length=max_length,
+            return_stats=return_stats,
         )
 
     @staticmethod
