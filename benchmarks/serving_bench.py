@@ -31,6 +31,11 @@ weight per token, plus attention's 4·T²·d per layer) as a share of a
 2048x2048 `tf.matmul`'s rate in the same process (float32, and bfloat16 for
 the bfloat16 export).
 
+`--intra-op-threads N --inter-op-threads M` give the session the thread
+pools that tensorflow_model_server's `--tensorflow_intra_op_parallelism` and
+`--tensorflow_inter_op_parallelism` set (0, the default: one per core), set
+before anything runs (TensorFlow makes them once per process).
+
 The process exits with status 1 if any of the "must" conditions fails.
 
 The exports: `--sentiment-export`, `--translator-export`,
@@ -350,12 +355,40 @@ def main():
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--max-memory-growth", type=float, default=0.05)
     parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=0,
+        help="the session's intra-op threads, as tensorflow_model_server's "
+        "--tensorflow_intra_op_parallelism (0: TensorFlow's choice)",
+    )
+    parser.add_argument(
+        "--inter-op-threads",
+        type=int,
+        default=0,
+        help="the session's inter-op threads, as "
+        "--tensorflow_inter_op_parallelism (0: TensorFlow's choice)",
+    )
     args = parser.parse_args()
+    import tensorflow as tf
+
+    # The intra-op pool is the process's, made by whatever runs an op first
+    # (here the eager matmul below), and sessions share one inter-op pool made
+    # by the first: both are set before anything runs, as the server's flags.
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     threads = [int(t) for t in args.threads.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     tasks = args.tasks.split(",")
 
     from serving_standin import StandInServer
+
+    def serve(path):  # the stand-in server with this run's session threads
+        return StandInServer(
+            path,
+            intra_op_threads=args.intra_op_threads,
+            inter_op_threads=args.inter_op_threads,
+        )
 
     texts = fixture_texts()
     failures = []
@@ -380,11 +413,11 @@ def main():
                 export = run_export(task, Path(run), root / "runs")
             if export is None:
                 export = smoke_export(task, root)
-            server = StandInServer(export)
+            server = serve(export)
             variants = [(task, server)]
             if exports:  # one export per precision
                 variants = [
-                    (name, server if path == export else StandInServer(path))
+                    (name, server if path == export else serve(path))
                     for name, path in exports.items()
                 ]
                 for name, path in exports.items():
@@ -393,7 +426,7 @@ def main():
                 greedy = run_export(task, Path(run), root / "runs", beam_width=1)
                 variants = [
                     ("translator, beam 4", server),
-                    ("translator, greedy", StandInServer(greedy)),
+                    ("translator, greedy", serve(greedy)),
                 ]
             if task == "sentiment" and run is not None:
                 model, _ = load_run(Path(run))
@@ -455,6 +488,10 @@ def main():
                 variant.close()
     peak_text = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items())
     print(f"\n2048x2048 tf.matmul in this process: {peak_text}")
+    print(
+        f"Session threads: intra-op {args.intra_op_threads or 'auto'}, "
+        f"inter-op {args.inter_op_threads or 'auto'} ({os.cpu_count()} cores)"
+    )
     print("\nSequential (one call at a time, serving_default):\n")
     print(
         "| export | batch | p50 ms | p99 ms | texts/s | useful GFLOP/s | "

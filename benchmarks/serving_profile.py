@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/serving_profile.py profile EXPORT [--batch 1]
     .venv/bin/python benchmarks/serving_profile.py compare BEFORE AFTER [--calls 80]
     .venv/bin/python benchmarks/serving_profile.py floor [--rows 16]
+    .venv/bin/python benchmarks/serving_profile.py threads EXPORT \
+        [--settings 0:0,1:1,1:2,2:1] [--rounds 3]
 
 `profile` loads a version directory as TF Serving loads it (the TF1 loader,
 `serve` tag, one session), calls `serving_default` with real sentences
@@ -17,6 +19,16 @@ each and their ratio, with the same process's 2048² float32 matmul rate.
 For a sentiment export it then reports the largest probability difference
 and the share of equal labels on the whole test split; for a translator, how
 many translations are identical.
+
+`threads` times one export under several session thread settings,
+`INTRA:INTER` as tensorflow_model_server's `--tensorflow_intra_op_parallelism`
+and `--tensorflow_inter_op_parallelism` set them (0: TensorFlow's choice).
+TensorFlow keeps one intra-op pool per process, so each setting runs in a
+process of its own (the TF1 loader, `serve` tag), the settings taking turns
+over `--rounds` rounds: per setting the median over rounds of the p50 at
+batch 1 and 16, its ratio to the first setting's, and whether every answer
+equals the first setting's. `profile` takes `--intra-op-threads` and
+`--inter-op-threads` too.
 
 `floor` times what the arithmetic alone costs a served call: the matmuls of
 an encoder's blocks (per block the query, key, value and output projections
@@ -58,14 +70,29 @@ def texts_for(task: str) -> list:
     return [line.split("\t")[0] for line in lines if line.strip()]
 
 
-def profile(export, batch: int, calls: int = 30) -> None:
+def _session(export, intra_op_threads: int = 0, inter_op_threads: int = 0):
+    """`(session, signature_def)`: the export loaded as TF Serving loads it,
+    in a session with these thread pools."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  the tokenizers' kernels
 
     tf.compat.v1.disable_eager_execution()
-    session = tf.compat.v1.Session()
+    session = tf.compat.v1.Session(
+        config=tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=intra_op_threads,
+            inter_op_parallelism_threads=inter_op_threads,
+        )
+    )
     graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(export))
-    signature = graph.signature_def["serving_default"]
+    return session, graph.signature_def["serving_default"]
+
+
+def profile(
+    export, batch: int, calls: int = 30, intra_op_threads=0, inter_op_threads=0
+) -> None:
+    import tensorflow as tf
+
+    session, signature = _session(export, intra_op_threads, inter_op_threads)
     name = next(iter(signature.inputs.values())).name
     outputs = [value.name for value in signature.outputs.values()]
     feed = {name: np.array(texts_for(task_of(export))[:batch], dtype=object)}
@@ -157,6 +184,99 @@ def compare(before, after, calls: int) -> None:
         print(f"identical translations: {same} of {len(texts)}")
 
 
+def time_session(export, intra_op_threads: int, inter_op_threads: int, calls: int):
+    """One setting, in this process: `{"p50_ms": {batch: ms}, "answers": [...]}`
+    for batches of 1 and 16 texts, after 3 warm-up calls each."""
+    session, signature = _session(export, intra_op_threads, inter_op_threads)
+    name = next(iter(signature.inputs.values())).name
+    outputs = sorted(signature.outputs)
+    fetches = [signature.outputs[key].name for key in outputs]
+    texts = texts_for(task_of(export))
+    p50, answers = {}, []
+    for batch in (1, 16):
+        pool = [
+            [texts[(i * batch + j) % len(texts)] for j in range(batch)]
+            for i in range(calls + 3)
+        ]
+        seconds = []
+        for index, batch_texts in enumerate(pool):
+            feed = {name: np.array(batch_texts, dtype=object)}
+            start = time.perf_counter()
+            found = session.run(fetches, feed)
+            if index >= 3:
+                seconds.append(time.perf_counter() - start)
+            if index < 8:
+                answers.append([np.asarray(value).tolist() for value in found])
+        p50[batch] = float(np.median(seconds) * 1e3)
+    session.close()
+    return {"p50_ms": p50, "answers": json.loads(json.dumps(answers, default=str))}
+
+
+def parse_settings(text: str) -> list:
+    """`"0:0,1:1"` -> `[(0, 0), (1, 1)]`, each `INTRA:INTER` two ints >= 0."""
+    settings = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+            raise ValueError(
+                "`--settings` takes INTRA:INTER pairs of ints >= 0, comma "
+                f"separated (0: TensorFlow's choice). Received: {item!r} in {text!r}"
+            )
+        settings.append((int(parts[0]), int(parts[1])))
+    return settings
+
+
+def threads(export, settings: list, rounds: int, calls: int) -> dict:
+    """Each setting in a process of its own, in turns over `rounds`; prints
+    and returns `{setting: {"p50_ms": {batch: median over rounds}, "same":
+    bool}}`, `same` whether every answer equalled the first setting's."""
+    import subprocess
+    import sys
+
+    found = {setting: [] for setting in settings}
+    for round_ in range(rounds):
+        # The order turns each round, so no setting always runs first.
+        order = settings[round_ % len(settings) :] + settings[: round_ % len(settings)]
+        for intra, inter in order:
+            command = [
+                sys.executable, __file__, "_time", str(export),
+                "--intra-op-threads", str(intra), "--inter-op-threads", str(inter),
+                "--calls", str(calls),
+            ]  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(
+                    f"timing {export} at {intra}:{inter} failed:\n"
+                    + result.stderr[-3000:]
+                )
+            found[(intra, inter)].append(json.loads(result.stdout.splitlines()[-1]))
+    reference = found[settings[0]][0]["answers"]
+    summary = {}
+    print(
+        f"{export}: {rounds} rounds, {calls} calls per batch size, "
+        f"{os.cpu_count()} cores"
+    )
+    print(
+        "| intra:inter | batch 1 p50 ms | ratio | batch 16 p50 ms | ratio | answers |"
+    )
+    print("|---|---:|---:|---:|---:|---|")
+    for setting in settings:
+        p50 = {
+            batch: float(np.median([run["p50_ms"][batch] for run in found[setting]]))
+            for batch in ("1", "16")
+        }
+        same = all(run["answers"] == reference for run in found[setting])
+        summary[setting] = {"p50_ms": p50, "same": same}
+        first = summary[settings[0]]["p50_ms"]
+        label = ":".join(str(n) if n else "auto" for n in setting)
+        print(
+            f"| {label} | {p50['1']:.1f} | {first['1'] / p50['1']:.2f}x | "
+            f"{p50['16']:.1f} | {first['16'] / p50['16']:.2f}x | "
+            f"{'equal' if same else 'DIFFERENT'} |"
+        )
+    return summary
+
+
 def floor(rows: int, blocks: int, width: int, intermediate: int) -> None:
     import tensorflow as tf
 
@@ -202,6 +322,8 @@ def main():
     one = commands.add_parser("profile")
     one.add_argument("export")
     one.add_argument("--batch", type=int, default=1)
+    one.add_argument("--intra-op-threads", type=int, default=0)
+    one.add_argument("--inter-op-threads", type=int, default=0)
     two = commands.add_parser("compare")
     two.add_argument("before")
     two.add_argument("after")
@@ -211,9 +333,31 @@ def main():
     three.add_argument("--blocks", type=int, default=6)
     three.add_argument("--width", type=int, default=384)
     three.add_argument("--intermediate", type=int, default=1536)
+    four = commands.add_parser("threads")
+    four.add_argument("export")
+    four.add_argument("--settings", default="0:0,1:1,1:2,2:1")
+    four.add_argument("--rounds", type=int, default=3)
+    four.add_argument("--calls", type=int, default=30)
+    inner = commands.add_parser("_time")  # one setting, for `threads`
+    inner.add_argument("export")
+    inner.add_argument("--intra-op-threads", type=int, default=0)
+    inner.add_argument("--inter-op-threads", type=int, default=0)
+    inner.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()
     if args.command == "profile":
-        profile(args.export, args.batch)
+        profile(
+            args.export,
+            args.batch,
+            intra_op_threads=args.intra_op_threads,
+            inter_op_threads=args.inter_op_threads,
+        )
+    elif args.command == "threads":
+        threads(args.export, parse_settings(args.settings), args.rounds, args.calls)
+    elif args.command == "_time":
+        timed = time_session(
+            args.export, args.intra_op_threads, args.inter_op_threads, args.calls
+        )
+        print(json.dumps(timed))
     elif args.command == "floor":
         floor(args.rows, args.blocks, args.width, args.intermediate)
     else:

@@ -73,6 +73,25 @@ def _op_error_code(error) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper() or "UNKNOWN"
 
 
+def session_config(intra_op_threads: int = 0, inter_op_threads: int = 0):
+    """The `ConfigProto` TF Serving gives its session from
+    `--tensorflow_intra_op_parallelism` and `--tensorflow_inter_op_parallelism`
+    (server_core's `SessionBundleConfig.session_config`)."""
+    for name, value in (
+        ("intra_op_threads", intra_op_threads),
+        ("inter_op_threads", inter_op_threads),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"`{name}` must be an int >= 0 (0: TensorFlow's choice). "
+                f"Received: {name}={value!r}"
+            )
+    return tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=intra_op_threads,
+        inter_op_parallelism_threads=inter_op_threads,
+    )
+
+
 class StandInServer:
     """One export, loaded as TF Serving loads it, answering Predict calls.
 
@@ -82,6 +101,14 @@ class StandInServer:
         model_name: the name requests address; default the export's.
         batching: a `BatchingConfig` for `predict_together` (default: the
             export's own `batching_params.pbtxt`).
+        intra_op_threads, inter_op_threads: the session's thread pools, as
+            the server's `--tensorflow_intra_op_parallelism` and
+            `--tensorflow_inter_op_parallelism` set them (0, their default,
+            lets TensorFlow choose: one thread per core). TensorFlow keeps
+            one intra-op pool per process, made by whatever runs first (the
+            first session, or an eager op), and one inter-op pool for its
+            sessions, made by the first: in a process that has run anything
+            before, set `tf.config.threading` the same way first.
 
     `predict(request)` answers one `PredictRequest` (gRPC);
     `rest(body)` one REST `:predict` body, as `(HTTP status, JSON text)`;
@@ -91,7 +118,14 @@ class StandInServer:
     threads run concurrently (one TensorFlow session, as in the server).
     """
 
-    def __init__(self, path, model_name: str | None = None, batching=None):
+    def __init__(
+        self,
+        path,
+        model_name: str | None = None,
+        batching=None,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
+    ):
         import tensorflow_text  # noqa: F401 - registers the tokenizers' ops
 
         self.path = resolve_version_dir(path)
@@ -104,7 +138,10 @@ class StandInServer:
             )
         self.batching = batching
         self._graph = tf.Graph()
-        self._session = tf.compat.v1.Session(graph=self._graph)
+        self._session = tf.compat.v1.Session(
+            graph=self._graph,
+            config=session_config(intra_op_threads, inter_op_threads),
+        )
         with self._graph.as_default():
             self.meta_graph = tf.compat.v1.saved_model.loader.load(
                 self._session, ["serve"], str(self.path)

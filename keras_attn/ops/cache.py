@@ -22,8 +22,8 @@ def update_cache(cache, update, index):
     On JAX and PyTorch this is `ops.slice_update` (a native dynamic update).
     On TensorFlow that op lowers to `XlaDynamicUpdateSlice`, which has no
     plain CPU/GPU kernel and so may not run in a stock TF Serving build;
-    there the update is a gather of the new rows and a `where` over the
-    cache's positions, core ops everywhere.
+    there the new rows are scattered in with `tf.tensor_scatter_nd_update`,
+    a core op everywhere. Rows that fall outside the cache are not written.
     """
     update = ops.cast(update, cache.dtype)
     if len(getattr(index, "shape", ())) == 1:
@@ -31,6 +31,48 @@ def update_cache(cache, update, index):
     if keras.backend.backend() != "tensorflow":
         start = [0, index] + [0] * (len(cache.shape) - 2)
         return ops.slice_update(cache, start, update)
+    return _scatter_rows(cache, update, index)
+
+
+def _scatter_rows(cache, update, index):
+    """TensorFlow's `update_cache` with one index: the update's rows scattered
+    into the cache with `tf.tensor_scatter_nd_update`, a core op that writes
+    only those rows (into the cache's own buffer where TensorFlow can reuse
+    it), where a gather and a `where` over every position read the whole
+    cache twice. An update whose length is not static, or that would reach
+    outside the cache (whose rows outside are not written), takes the
+    gather and the `where`; both forms compile under XLA."""
+    import tensorflow as tf
+
+    length = update.shape[1]
+    if length is None:
+        return _select_rows(cache, update, index)
+    index = tf.cast(index, tf.int32)
+    size = tf.shape(cache)[1]
+
+    def scatter():
+        batch = tf.shape(update)[0]
+        positions = index + tf.range(length)  # (T,), T static
+        indices = tf.stack(
+            [
+                tf.broadcast_to(tf.range(batch)[:, None], [batch, length]),
+                tf.broadcast_to(positions[None, :], [batch, length]),
+            ],
+            axis=-1,
+        )  # (B, T, 2): (row, position)
+        return tf.tensor_scatter_nd_update(cache, indices, update)
+
+    inside = tf.logical_and(index >= 0, index + length <= size)
+    static = tf.get_static_value(inside)
+    if static is not None:
+        return scatter() if static else _select_rows(cache, update, index)
+    return tf.cond(inside, scatter, lambda: _select_rows(cache, update, index))
+
+
+def _select_rows(cache, update, index):
+    """`update_cache` with one index as a gather of the update's rows over
+    every cache position and a `where` (rows outside the cache not
+    written)."""
     index = ops.cast(index, "int32")
     length = ops.shape(update)[1]
     positions = ops.arange(ops.shape(cache)[1], dtype="int32")  # (Tmax,)

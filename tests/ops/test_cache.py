@@ -34,3 +34,46 @@ def test_index_tensor_traces_once_and_uses_core_ops_only():
     assert len(traces) == 1
     graph_ops = {n.op for n in write.get_concrete_function().graph.as_graph_def().node}
     assert not any(op.startswith("Xla") for op in graph_ops), graph_ops
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("static_length", [True, False])
+@pytest.mark.parametrize(
+    "index, written",
+    [
+        (1, {1: 0, 2: 1}),
+        (3, {3: 0, 4: 1}),  # up to the last position
+        (4, {4: 0}),  # the second row would fall past the end: not written
+        (5, {}),  # wholly past the end
+        (-1, {0: 1}),  # the first row would fall before position 0
+    ],
+)
+def test_rows_outside_the_cache_are_not_written_on_tensorflow(
+    index, written, static_length, jit_compile
+):
+    """TensorFlow writes only the rows that fall inside the cache: eagerly,
+    from a traced index, for an update whose length is only known when it
+    runs, and under XLA (`jit_compile=True`, as keras-hub compiles its
+    decoding); the cache keeps its static shape."""
+    update = -np.arange(1, 2 * 2 * 3 + 1, dtype="float32").reshape(2, 2, 3)
+    expected = CACHE.copy()
+    for position, row in written.items():
+        expected[:, position] = update[:, row]
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([], tf.int32),
+            tf.TensorSpec([2, 2 if static_length else None, 3], tf.float32),
+        ],
+        jit_compile=jit_compile,
+    )
+    def write(index, update):
+        result = update_cache(tf.constant(CACHE), update, index)
+        assert result.shape == CACHE.shape
+        return result
+
+    np.testing.assert_array_equal(
+        write(tf.constant(index), tf.constant(update)).numpy(), expected
+    )
+    np.testing.assert_array_equal(update_cache(CACHE, update, index).numpy(), expected)
