@@ -45,6 +45,7 @@ import argparse
 import collections
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -53,6 +54,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # serving_standin: test tooling, not installed
 FIXTURES = REPO / "tests" / "fixtures"
 
 
@@ -76,12 +78,11 @@ def _session(export, intra_op_threads: int = 0, inter_op_threads: int = 0):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  the tokenizers' kernels
 
+    from serving_standin.server import session_config
+
     tf.compat.v1.disable_eager_execution()
     session = tf.compat.v1.Session(
-        config=tf.compat.v1.ConfigProto(
-            intra_op_parallelism_threads=intra_op_threads,
-            inter_op_parallelism_threads=inter_op_threads,
-        )
+        config=session_config(intra_op_threads, inter_op_threads)
     )
     graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(export))
     return session, graph.signature_def["serving_default"]
@@ -231,7 +232,6 @@ def threads(export, settings: list, rounds: int, calls: int) -> dict:
     and returns `{setting: {"p50_ms": {batch: median over rounds}, "same":
     bool}}`, `same` whether every answer equalled the first setting's."""
     import subprocess
-    import sys
 
     found = {setting: [] for setting in settings}
     for round_ in range(rounds):
