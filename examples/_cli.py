@@ -522,16 +522,19 @@ def fit_metrics(fit, steps_per_epoch: int) -> dict:
     }
 
 
-def train(args, model, train_data, validation_data, out: Path, **schedule) -> dict:
+def train(
+    args, model, train_data, validation_data, out: Path, saved=None, **schedule
+) -> dict:
     """`training.fit_within_budget` in `out` with the options of `args`
     (`fit_options`; `schedule`: its `decay_alpha` and overrides), then
-    the model saved (`save_model`); returns `fit_metrics`."""
+    the model saved (`save_model`; `saved`: the model to save instead, a
+    distiller's student); returns `fit_metrics`."""
     check_batches(args, train=train_data, validation=validation_data)
     steps = int(train_data.cardinality())
     fit = training.fit_within_budget(
         model, train_data, validation_data, out, **fit_options(args, steps, **schedule)
     )
-    save_model(model, out)
+    save_model(model if saved is None else saved, out)
     return fit_metrics(fit, steps)
 
 
@@ -728,14 +731,44 @@ def assistant_figures(decode, outputs: str, method: str) -> dict:
     }
 
 
-def train_assistant(args, task, draft, data, out: Path, sizes: dict, **schedule):
+def train_assistant(
+    args, task, draft, data, out: Path, sizes: dict, trainee=None, **schedule
+):
     """Train `draft` (built in the strategy's scope) after `task` on the same
     `data` in `out / "assistant"`, with a quarter of `--time-budget` and
-    `schedule` (`train`'s), set it as the task's own `assistant_model` and
-    save the task again with it; returns the draft's `metrics.json` entry
-    (its fit, parameters and `sizes`)."""
+    `schedule` (`train`'s): itself on the data, or `trainee`, a compiled
+    `keras.distillation.Distiller` of `task` and `draft` (`distiller`). Set
+    it as the task's own `assistant_model` and save the task again with it;
+    returns the draft's `metrics.json` entry (its fit, parameters, `sizes`,
+    how it learned and `validation_agreement`:
+    `keras_attn.training.greedy_agreement` on the validation data)."""
     budget = args.time_budget and args.time_budget / 4
-    fit = train(args, draft, *data, out / "assistant", minutes=budget, **schedule)
+    if trainee is not None and not trainee.built:  # for fit's BackupAndRestore
+        for batch in data[0].take(1):
+            trainee(batch[0], training=False)
+    fit = train(
+        args, trainee or draft, *data, out / "assistant", minutes=budget,
+        saved=draft, **schedule,
+    )  # fmt: skip
+    # The task was trained just before; a Distiller froze it, its teacher.
+    task.trainable = True
     task.assistant_model = draft
     save_model(task, out)
-    return {**fit, "parameters": draft.count_params(), **sizes}
+    return {
+        **fit,
+        "parameters": draft.count_params(),
+        **sizes,
+        "training": "data" if trainee is None else "distill",
+        "validation_agreement": training.greedy_agreement(task, draft, data[1]),
+    }
+
+
+def distiller(task, draft, optimizer, loss):
+    """`keras.distillation.Distiller` training `draft` on `task`'s logits
+    alone (`keras_attn.training.LogitsDistillation`, temperature 1), compiled
+    with `optimizer` (and `loss`, the draft's own on the data, weighted 0)."""
+    trainee = keras.distillation.Distiller(
+        task, draft, training.LogitsDistillation(), student_loss_weight=0.0
+    )
+    trainee.compile(optimizer=optimizer, loss=loss)
+    return trainee

@@ -513,10 +513,20 @@ def language_model_args(argv=None):
         default=0,
         metavar="N",
         help="train a draft of N blocks beside the model (after it, on the same "
-        "data, with a quarter of --time-budget), kept as the model's "
-        "`assistant_model`: `generate` and the export decode speculatively "
-        "(the same text in fewer passes of the model), model.keras and the "
-        "preset hold it; 0: none",
+        "data, with a quarter of --time-budget and of --warmup-steps), kept as "
+        "the model's `assistant_model`: `generate` and the export decode "
+        "speculatively (the same text in fewer passes of the model), "
+        "model.keras and the preset hold it; 0: none",
+    )
+    parser.add_argument(
+        "--assistant-training",
+        choices=("distill", "data"),
+        default="distill",
+        help="how the draft learns: from the trained model's logits "
+        "(`keras.distillation.Distiller` with keras_attn.training."
+        "LogitsDistillation; default, chosen on the validation plays, where "
+        "its greedy choice agreed with the model's more often in the same "
+        "time) or from the data's next tokens",
     )
     parser.add_argument(
         "--assistant-dim",

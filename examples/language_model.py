@@ -147,9 +147,13 @@ def main(argv=None) -> dict:
         if args.assistant_layers:  # a draft, then the model saved with it
             with strategy.scope():
                 draft = build(args, model.tokenizer, **assistant_sizes(args))
+                trainee = None
+                if args.assistant_training == "distill":
+                    trainee = _cli.distiller(model, draft, draft.optimizer, draft.loss)
             metrics["assistant"] = _cli.train_assistant(
                 args, model, draft, data, out, assistant_sizes(args),
-                decay_alpha=alpha,
+                trainee=trainee, decay_alpha=alpha,
+                warmup_steps=args.warmup_steps // 4,  # a quarter of the budget
             )  # fmt: skip
     characters = {
         s: sum(len(d.text) for d in splits[s]) for s in ("test", "validation")

@@ -23,8 +23,11 @@ def update_cache(cache, update, index):
     On TensorFlow that op lowers to `XlaDynamicUpdateSlice`, which has no
     plain CPU/GPU kernel and so may not run in a stock TF Serving build;
     there the new rows are scattered in with `tf.tensor_scatter_nd_update`,
-    a core op everywhere. Rows that fall outside the cache are not written.
+    a core op everywhere. A per-row index is a scatter on JAX and (when
+    every row fits) on TensorFlow, else a gather and a `where`. Rows that
+    fall outside the cache are not written.
     """
+    cache = ops.convert_to_tensor(cache)
     update = ops.cast(update, cache.dtype)
     if len(getattr(index, "shape", ())) == 1:
         return _update_rows(cache, update, index)
@@ -85,9 +88,67 @@ def _select_rows(cache, update, index):
 
 def _update_rows(cache, update, index):
     """`update_cache` with a position per row: position `p` of row `b`
-    takes `update[b, p - index[b]]` where that is inside the update (a
-    gather and a `where`, core ops on every backend)."""
+    takes `update[b, p - index[b]]` where that is inside the cache. JAX
+    scatters the rows (positions outside dropped); TensorFlow scatters them
+    when every row's update fits (a core op) and otherwise gathers and
+    selects, as PyTorch always does (a gather and a `where` over every
+    position, core ops on every backend)."""
     index = ops.cast(index, "int32")
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return _scatter_rows_jax(cache, update, index)
+    if backend == "tensorflow" and update.shape[1] is not None:
+        import tensorflow as tf
+
+        fits = tf.logical_and(
+            tf.reduce_all(index >= 0),
+            tf.reduce_all(index + update.shape[1] <= tf.shape(cache)[1]),
+        )
+        static = tf.get_static_value(fits)
+        if static is not None:
+            if static:
+                return _scatter_fitting_rows_tf(cache, update, index)
+            return _select_rows_per_row(cache, update, index)
+        return tf.cond(
+            fits,
+            lambda: _scatter_fitting_rows_tf(cache, update, index),
+            lambda: _select_rows_per_row(cache, update, index),
+        )
+    return _select_rows_per_row(cache, update, index)
+
+
+def _row_indices(update, index):
+    """int32 `(B, T)` row numbers and positions of a per-row update."""
+    batch, length = ops.shape(update)[0], update.shape[1]
+    positions = index[:, None] + ops.arange(length, dtype="int32")[None, :]
+    rows = ops.broadcast_to(
+        ops.arange(batch, dtype="int32")[:, None], ops.shape(positions)
+    )
+    return rows, positions
+
+
+def _scatter_rows_jax(cache, update, index):
+    """The rows scattered into the cache; positions outside it (after the
+    end, or before 0, which NumPy-style indexing would wrap) dropped."""
+    rows, positions = _row_indices(update, index)
+    size = cache.shape[1]
+    positions = ops.where(
+        ops.logical_and(positions >= 0, positions < size), positions, size
+    )
+    return cache.at[rows, positions].set(update, mode="drop")
+
+
+def _scatter_fitting_rows_tf(cache, update, index):
+    """`tf.tensor_scatter_nd_update` of rows that all fall inside the cache."""
+    import tensorflow as tf
+
+    rows, positions = _row_indices(update, index)
+    return tf.tensor_scatter_nd_update(cache, tf.stack([rows, positions], -1), update)
+
+
+def _select_rows_per_row(cache, update, index):
+    """A gather of each row's update over every cache position and a
+    `where` (rows outside the cache not written)."""
     length = ops.shape(update)[1]
     positions = ops.arange(ops.shape(cache)[1], dtype="int32")  # (Tmax,)
     offsets = positions[None, :] - index[:, None]  # (B, Tmax)

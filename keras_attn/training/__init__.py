@@ -19,6 +19,9 @@ ensembles, evaluation recipes, distribution, precision and losses.
   `MultiProcessBackupAndRestore` (JAX).
 - Precision: `resolve_mixed_precision`.
 - Losses: `SmoothedSparseCrossentropy`.
+- Distillation: `LogitsDistillation` (Keras's `keras.distillation`
+  loss with the KL divergence from float32 logits), `greedy_agreement`
+  (how often a draft's greedy choice is its target's).
 
 Imports no TensorFlow. The named model sizes and training defaults these
 take are `keras_attn.models.configs`.
@@ -31,6 +34,7 @@ from keras_attn.training.callbacks import (
     TimeBudget,
     standard_callbacks,
 )
+from keras_attn.training.distillation import LogitsDistillation, greedy_agreement
 from keras_attn.training.distribution import (
     STRATEGY_CHOICES,
     data_parallel_size,
@@ -68,6 +72,7 @@ __all__ = [
     "BudgetCosineDecay",
     "EnsembleFit",
     "FitResult",
+    "LogitsDistillation",
     "MultiProcessBackupAndRestore",
     "SmoothedSparseCrossentropy",
     "StopAtStep",
@@ -81,6 +86,7 @@ __all__ = [
     "fit_ensemble",
     "fit_within_budget",
     "gpu_available",
+    "greedy_agreement",
     "initialize_processes",
     "is_chief",
     "language_model_metrics",

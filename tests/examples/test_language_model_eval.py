@@ -39,6 +39,7 @@ def test_eval_stride_out_of_range_is_refused(stride, capsys):
 def test_assistant_options(capsys):
     script = load_script("language_model")
     assert script.parse_args([]).assistant_layers == 0  # no draft by default
+    assert script.parse_args([]).assistant_training == "distill"
     args = script.parse_args(["--assistant-layers", "1"])
     # The default model: 4 heads, 2 key/value heads, width 128.
     assert script.assistant_sizes(args) == {
@@ -173,7 +174,8 @@ def test_cache_options_parse_and_bad_values_are_refused(capsys):
 # model.keras, presets, fresh process) is tested in
 # tests/models/test_language_model_assistant.py.
 @pytest.mark.slow
-def test_a_draft_trained_beside_the_model_is_saved_and_used(tmp_path):
+@pytest.mark.parametrize("training", ["distill", "data"])
+def test_a_draft_trained_beside_the_model_is_saved_and_used(tmp_path, training):
     from tests.test_case import fresh_json
 
     data = tmp_path / "play.txt"
@@ -181,12 +183,15 @@ def test_a_draft_trained_beside_the_model_is_saved_and_used(tmp_path):
     out = tmp_path / "run"
     run_script(
         "language_model.py", "--smoke", "--data", data, "--batch-size", 8,
-        "--no-cache", "--assistant-layers", 1, "--out", out,
+        "--no-cache", "--assistant-layers", 1, "--assistant-training", training,
+        "--out", out,
     )  # fmt: skip
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     assert metrics["assistant_same_text"] is True
     assert metrics["assistant"]["num_layers"] == 1
     assert metrics["assistant"]["embedding_dim"] == 16  # half of --smoke's 32
+    assert metrics["assistant"]["training"] == training
+    assert 0 <= metrics["assistant"]["validation_agreement"] <= 1
     assert metrics["assistant_speedup"] > 0
     export = out / "export" / "language_model" / "1"
     served = json.loads((export / "assets.extra" / "keras_attn.json").read_text())
@@ -199,6 +204,7 @@ import keras_attn
 model = keras.saving.load_model(sys.argv[1] + "/model.keras")
 preset = keras_attn.models.TransformerLanguageModel.from_preset(sys.argv[1] + "/preset")
 print(json.dumps([model.assistant_model.num_layers,
-                  preset.assistant_model.num_layers]))
+                  preset.assistant_model.num_layers, model.trainable]))
 """
-    assert fresh_json(fresh, out) == [1, 1]
+    # The distiller froze the model (its teacher) while the draft learned.
+    assert fresh_json(fresh, out) == [1, 1, True]
