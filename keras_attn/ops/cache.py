@@ -66,10 +66,19 @@ def _scatter_rows(cache, update, index):
         return tf.tensor_scatter_nd_update(cache, indices, update)
 
     inside = tf.logical_and(index >= 0, index + length <= size)
-    static = tf.get_static_value(inside)
+    return _scatter_if(inside, scatter, lambda: _select_rows(cache, update, index))
+
+
+def _scatter_if(fits, scatter, select):
+    """TensorFlow: `scatter()` where the update `fits` the cache, else
+    `select()`; decided as the graph is built when `fits` is static, else
+    by `tf.cond` (both branches compile under XLA)."""
+    import tensorflow as tf
+
+    static = tf.get_static_value(fits)
     if static is not None:
-        return scatter() if static else _select_rows(cache, update, index)
-    return tf.cond(inside, scatter, lambda: _select_rows(cache, update, index))
+        return scatter() if static else select()
+    return tf.cond(fits, scatter, select)
 
 
 def _select_rows(cache, update, index):
@@ -104,12 +113,7 @@ def _update_rows(cache, update, index):
             tf.reduce_all(index >= 0),
             tf.reduce_all(index + update.shape[1] <= tf.shape(cache)[1]),
         )
-        static = tf.get_static_value(fits)
-        if static is not None:
-            if static:
-                return _scatter_fitting_rows_tf(cache, update, index)
-            return _select_rows_per_row(cache, update, index)
-        return tf.cond(
+        return _scatter_if(
             fits,
             lambda: _scatter_fitting_rows_tf(cache, update, index),
             lambda: _select_rows_per_row(cache, update, index),
