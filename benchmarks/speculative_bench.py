@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/speculative_bench.py \\
         [--language-model-run RUN] [--translator-run RUN] \\
-        [--prompts 8] [--new-tokens 64] [--rounds 3] [--json out.json]
+        [--prompts 8] [--new-tokens 64] [--rounds 3] [--jit-compile] \\
+        [--json out.json]
 
 `--language-model-run`: a `language_model.py` run trained with
 `--assistant-layers` (its `model.keras` holds the draft). Prompts: 200
@@ -25,6 +26,10 @@ first `--prompts` sources of the test split (`load_translation_pairs`, the
 run's `--alternatives`), greedy (beam 1, no length penalty) with and without
 the draft, at batch 1 and 8: sentences per second, the speed-up, and whether
 the translations are the same.
+
+`--jit-compile` (TensorFlow): sets the tasks' `jit_compile = True`, so their
+decodings compile with XLA (`tf.function(jit_compile=True)`) as they do by
+default on a machine with a GPU; the compiling round takes longer.
 
 Speed is the machine's: the CPU's flags are printed with the figures.
 """
@@ -53,10 +58,15 @@ LM_METHODS = {"plain": False, "draft": None, "prompt_lookup": "prompt_lookup"}
 TRANSLATOR_METHODS = {"plain": False, "draft": None}
 
 
+JIT_COMPILE = False  # --jit-compile
+
+
 def load(run: Path):
     import keras_attn.models  # noqa: F401  registers the classes
 
     model = keras.saving.load_model(Path(run) / "model.keras", compile=False)
+    if JIT_COMPILE:
+        model.jit_compile = True
     config = json.loads((Path(run) / "metrics.json").read_text())["config"]
     if not isinstance(model.assistant_model, keras.Model):
         raise SystemExit(
@@ -210,13 +220,17 @@ def main(argv=None):
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jit-compile", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    global JIT_COMPILE
+    JIT_COMPILE = args.jit_compile
     if args.language_model_run is None and args.translator_run is None:
         parser.error("give --language-model-run, --translator-run or both")
     info = machine()
     flags = [name for name, present in info.items() if present is True]
     print(f"CPU: {info['cpu']} ({info['cpus']} cores); {' '.join(flags)}")
+    print(f"backend: {keras.backend.backend()}; jit_compile: {args.jit_compile}")
     rows = []
     if args.language_model_run is not None:
         rows += language_model_rows(
@@ -241,7 +255,8 @@ def main(argv=None):
             f"{'' if accepted is None else f'{accepted:.2f}'} |"
         )
     if args.json:
-        args.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=2))
+        found = {"machine": info, "jit_compile": args.jit_compile, "rows": rows}
+        args.json.write_text(json.dumps(found, indent=2))
     return rows
 
 

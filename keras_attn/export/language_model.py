@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import keras
@@ -10,6 +11,7 @@ import tensorflow as tf
 from keras_attn.export._common import clean_text, valid_utf8
 from keras_attn.export.task import Endpoint, ServingSpec, export_with_options
 from keras_attn.memory.continuous_cache import ContinuousCache
+from keras_attn.models._task import ReadingWeightsOnce
 from keras_attn.text.preprocessors import LanguageModelPreprocessor
 from keras_attn.text.tokenizer import SubwordTokenizer
 
@@ -41,16 +43,21 @@ def language_model_serving_fns(
         )
     tokenizer = SubwordTokenizer(model.tokenizer.proto)
 
-    def complete(prompt):
-        prompt = clean_text(prompt, max_chars=max_chars)
-        new_tokens = model.continue_ids(
-            tokenizer.tokenize(prompt),
-            max_new_tokens,
-            context_length,
-            # None is no assistant here: the spec resolved the model's own.
+    # None is no assistant here: the spec resolved the model's own.
+    continue_ids = ReadingWeightsOnce(
+        (model,) if assistant_model is None else (model, assistant_model),
+        functools.partial(
+            model.continue_ids,
+            max_new_tokens=max_new_tokens,
+            context_length=context_length,
             assistant_model=False if assistant_model is None else assistant_model,
             num_speculative_tokens=num_speculative_tokens,
-        )
+        ),
+    )  # the weights read (and cast) once per request, not at every step
+
+    def complete(prompt):
+        prompt = clean_text(prompt, max_chars=max_chars)
+        new_tokens = continue_ids(tokenizer.tokenize(prompt))
         return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}
 
     preprocessor = LanguageModelPreprocessor(tokenizer, model.sequence_length)

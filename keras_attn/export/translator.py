@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from keras_attn.export._common import TEXT_SPEC, clean_text
 from keras_attn.export.task import Endpoint, ServingSpec, export_with_options
-from keras_attn.models._task import without_padding_columns
+from keras_attn.models._task import ReadingWeightsOnce, without_padding_columns
 from keras_attn.text.tokenizer import SubwordTokenizer
 from keras_attn.text.vocabulary import PAD_ID, START_ID
 from keras_attn.text.wordpiece import WordPieceTokenizer
@@ -39,6 +39,14 @@ def translator_serving_fns(
         max_length, beam_width, length_penalty, nearest_neighbors,
         assistant_model, num_speculative_tokens,
     )  # fmt: skip
+    # Weights read (and cast to a mixed policy's compute dtype) once per
+    # request, not at every step of the decoding loop.
+    assistant = translator._assistant(
+        assistant_model, beam_width, length_penalty, nearest_neighbors
+    )
+    decode = ReadingWeightsOnce(
+        (translator,) if assistant is None else (translator, assistant), decode
+    )
     source_pieces = tf.constant(_pieces(source_tokenizer))
     target_pieces = tf.constant(_pieces(target_tokenizer))
 

@@ -12,7 +12,8 @@ with the batch on axis 0, a scalar int32 `index`; logits `(B, vocab)` or
 `tf.function` / `jax.jit`, uses TF ops only on TensorFlow and exports in a
 SavedModel. See `Sampler` for the full contract. `speculative_greedy_search`
 and `speculative_sample` check several guessed tokens per `next_fn` call (a
-`(B,)` index there).
+`(B,)` index there). `WeightsReadOnce` reads and casts a loop's weights once
+per call rather than at every step.
 """
 
 from keras_attn.generation.beam_sampler import BeamSampler, length_penalty
@@ -28,6 +29,7 @@ from keras_attn.generation.speculative import (
 )
 from keras_attn.generation.top_k_sampler import TopKSampler
 from keras_attn.generation.top_p_sampler import TopPSampler
+from keras_attn.generation.weights import WeightsReadOnce
 
 __all__ = [
     "BeamSampler",
@@ -38,6 +40,7 @@ __all__ = [
     "Sampler",
     "TopKSampler",
     "TopPSampler",
+    "WeightsReadOnce",
     "beam_search",
     "greedy_search",
     "length_penalty",

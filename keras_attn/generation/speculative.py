@@ -81,12 +81,13 @@ class _Draws:
 
 
 class DraftModelProposer:
-    """Guesses from a draft model: `k` greedy steps over its own cache.
+    """Guesses from a draft model: `k` steps over its own cache, `k` calls.
 
     `draft_next_fn` follows the `next_fn` contract with a per-row `(B,)`
-    index. Each round feeds the last decided token and then its own guesses,
-    one per call, and writes the last guess too (one more call), so the
-    draft cache holds every position up to the block the target checks.
+    index. Each round's first call feeds the row's last two decided tokens
+    (after a round that kept every guess neither is in the draft's cache:
+    its last guess was never fed; after any other round the first is, and
+    is written again), then one guess per call.
     """
 
     def __init__(self, draft_next_fn, draft_cache):
@@ -103,12 +104,21 @@ class DraftModelProposer:
         """`(guesses (B, k), their distributions (B, k, V) or None, state)`:
         greedy guesses without `draws`, else each drawn from the draft's
         distribution."""
-        inputs = _gather_rows(tokens, last[:, None])  # (B, 1)
+        # Positions `start, start + 1`: the last two decided tokens (a row
+        # with one decided token feeds it and a position written next).
+        start = ops.maximum(last - 1, 0)
+        inputs = _gather_rows(tokens, start[:, None] + ops.arange(2)[None, :])
         guesses, distributions = [], []
         cache = state
         for step in range(k):
-            logits, cache = self.draft_next_fn(inputs, cache, last + step)
-            logits = last_step_logits(logits)
+            if step == 0:
+                logits, cache = self.draft_next_fn(inputs, cache, start)  # (B, 2, V)
+                logits = ops.take_along_axis(
+                    logits, (last - start)[:, None, None], axis=1
+                )[:, 0]
+            else:
+                logits, cache = self.draft_next_fn(inputs, cache, last + step)
+                logits = last_step_logits(logits)
             if draws is None:
                 guess = _argmax(logits)  # (B,)
             else:
@@ -117,7 +127,6 @@ class DraftModelProposer:
                 distributions.append(log_q)
             guesses.append(guess)
             inputs = guess[:, None]
-        _, cache = self.draft_next_fn(inputs, cache, last + k)
         q = ops.stack(distributions, axis=1) if distributions else None
         return ops.stack(guesses, axis=1), q, cache
 

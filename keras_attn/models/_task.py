@@ -245,14 +245,27 @@ def compiled(model, key, build, *, depends=(), signature=None, others=()):
     `model` under `key`: `tf.function` on TensorFlow (with `signature`, the
     `(shape, dtype)` of each argument, one trace for every batch size),
     `jax.jit` reading the
-    weights at each call on JAX, the function itself elsewhere. Rebuilt when
+    weights at each call on JAX, the function itself elsewhere; on
+    TensorFlow with XLA when `model.jit_compile` is True (Keras's default
+    for a model: True with a GPU, False without, as keras-hub's `generate`
+    takes it; set `model.jit_compile = True` for XLA on a CPU); on
+    TensorFlow and PyTorch it runs in a `generation.WeightsReadOnce` scope
+    of the models (their weights read and cast once per call, not at every
+    step of its loop). Rebuilt when
     the model's variables are no longer the ones it was compiled with
     (`quantize` replaces kernels; a trace would keep the old ones) or an
     object of `depends` (a sampler, a datastore) is no longer the same."""
 
+    backend = keras.backend.backend()
+    # keras-hub's `generate` takes the model's `jit_compile` on TensorFlow
+    # (Keras resolves it to False on a machine without a GPU).
+    jit_compile = backend == "tensorflow" and bool(model.jit_compile)
+
     def make():
         fn = build()
-        backend = keras.backend.backend()
+        if backend == "jax":
+            return jit_reading_weights(model, fn, others)
+        fn = ReadingWeightsOnce((model, *others), fn)
         if backend == "tensorflow":
             import tensorflow as tf
 
@@ -261,13 +274,28 @@ def compiled(model, key, build, *, depends=(), signature=None, others=()):
                 input_signature=None
                 if signature is None
                 else [tf.TensorSpec(shape, dtype) for shape, dtype in signature],
+                jit_compile=jit_compile,
             )
-        if backend == "jax":
-            return jit_reading_weights(model, fn, others)
         return fn
 
     variables = [v for m in (model, *others) for v in m.variables]
-    return cached(model, key, (*depends, *variables), make)
+    return cached(model, key, (*depends, jit_compile, *variables), make)
+
+
+class ReadingWeightsOnce:
+    """`fn(*args)` inside a `keras_attn.generation.WeightsReadOnce` scope of
+    `models`: a decoding's weights read and cast once per call (a class, not
+    a closure: AutoGraph reads a function's source when it converts it)."""
+
+    def __init__(self, models, fn):
+        self.models = tuple(models)
+        self.fn = fn
+
+    def __call__(self, *args):
+        from keras_attn.generation.weights import WeightsReadOnce
+
+        with WeightsReadOnce(self.models):
+            return self.fn(*args)
 
 
 def jit_reading_weights(model, fn, others=()):

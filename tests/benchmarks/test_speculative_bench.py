@@ -86,3 +86,16 @@ def test_a_run_without_a_draft_is_refused(small_tokenizer, tmp_path):
     run = save_run(language_model(small_tokenizer, 1, 8, seed=2), tmp_path / "lm")
     with pytest.raises(SystemExit, match="has no draft"):
         bench.load(run)
+
+
+def test_jit_compile_sets_the_loaded_tasks_jit_compile(
+    small_tokenizer, tmp_path, monkeypatch
+):
+    """`--jit-compile`: the runs load with `jit_compile = True`, so their
+    decodings compile with XLA (tests/models/test_xla_decoding.py)."""
+    draft = language_model(small_tokenizer, 1, 8, seed=2)
+    run = save_run(language_model(small_tokenizer, 1, 8, seed=1, assistant_model=draft),
+                   tmp_path / "lm")  # fmt: skip
+    assert bench.load(run)[0].jit_compile is False
+    monkeypatch.setattr(bench, "JIT_COMPILE", True)
+    assert bench.load(run)[0].jit_compile is True

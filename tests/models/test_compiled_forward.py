@@ -4,7 +4,9 @@ the moment (this module runs on JAX in `make test-backends`)."""
 
 import keras
 import numpy as np
+import pytest
 
+from keras_attn import generation
 from keras_attn.models import _task
 
 
@@ -149,3 +151,149 @@ def test_compiled_task_functions_use_the_quantized_weights():
         )
     )
     assert after == [eager[0, 4:10].tolist(), eager[1, 2:8].tolist()]
+
+
+def mixed_language_model(**kwargs):
+    """A small language model under `mixed_bfloat16` with random weights:
+    its float32 variables are cast to bfloat16 at each layer call."""
+    from keras_attn.models import TransformerLanguageModel
+
+    model = TransformerLanguageModel(
+        40, 16, embedding_dim=16, num_layers=2, num_heads=2, intermediate_dim=32,
+        dtype="mixed_bfloat16", **kwargs,
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    model.set_weights(
+        [rng.normal(0.0, 0.3, w.shape).astype(w.dtype) for w in model.get_weights()]
+    )
+    return model
+
+
+def cached_steps(model, ids, steps=3):
+    """Logits of a prompt pass and `steps` one-token passes over the cache."""
+    cache = model.initial_cache(ids.shape[0], 16)
+    logits, cache = model.call_with_cache(ids, cache, 0)
+    found = [logits]
+    token = ids[:, -1:]
+    for step in range(steps):
+        logits, cache = model.call_with_cache(token, cache, ids.shape[1] + step)
+        found.append(logits)
+        token = keras.ops.cast(keras.ops.argmax(logits[:, -1:], axis=-1), "int32")
+    return [keras.ops.convert_to_numpy(x) for x in found]
+
+
+def test_weights_read_once_are_keras_own_reads_bit_for_bit():
+    """Inside `WeightsReadOnce` a layer gets the tensors read (and cast to
+    its compute dtype) at the scope's start: the same values as Keras' own
+    reads, bit for bit, float32 norms and heads included."""
+    model = mixed_language_model()
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 1]], "int32")
+    expected = cached_steps(model, ids)
+    with generation.WeightsReadOnce([model]) as scope:
+        found = cached_steps(model, ids)
+    for got, want in zip(found, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    kernel = model.backbone.trainable_variables[1]  # read as bfloat16
+    assert (id(kernel), "bfloat16") in scope._values
+    assert (id(kernel), "float32") in scope._values
+
+
+def test_assignments_in_the_scope_reach_the_variables():
+    """A layer that updates its state in `call` (a seed generator, a
+    counter) assigns the variable itself, and later reads see the update."""
+
+    class Counter(keras.layers.Layer):
+        def build(self, input_shape):
+            self.count = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+        def call(self, x):
+            self.count.assign(self.count + 1.0)
+            return x * self.count
+
+    layer = Counter()
+    layer.build((1,))
+    model = keras.Sequential([layer])
+    model.build((None, 1))
+    x = np.ones((1, 1), "float32")
+    with generation.WeightsReadOnce([model]):
+        first = keras.ops.convert_to_numpy(layer(x))
+        second = keras.ops.convert_to_numpy(layer(x))
+    assert first[0, 0] == 1.0 and second[0, 0] == 2.0
+    assert float(keras.ops.convert_to_numpy(layer.count.value)) == 2.0
+
+
+def test_a_compiled_decoding_loop_reads_no_variable_per_step():
+    """On TensorFlow a compiled decoding (`_task.compiled`) reads and casts
+    the weights once per call: the `tf.while_loop`'s body reads no
+    variable, where the same loop without the scope reads them all at
+    every step."""
+    if keras.backend.backend() != "tensorflow":
+        return  # JAX's compiled loops hoist the reads; PyTorch has no graph
+    import tensorflow as tf
+
+    model = mixed_language_model()
+
+    def build():
+        def decode(ids):
+            cache = model.initial_cache(2, 16)
+            _, cache = model.call_with_cache(ids, cache, 0)
+
+            def body(step, token, cache):
+                logits, cache = model.call_with_cache(token, cache, 4 + step)
+                token = keras.ops.cast(keras.ops.argmax(logits, axis=-1), "int32")
+                return step + 1, token, cache
+
+            return keras.ops.while_loop(
+                lambda step, token, cache: step < 3, body, (0, ids[:, -1:], cache)
+            )[1]
+
+        return decode
+
+    def reads_in_loop_bodies(fn):
+        graph = fn.get_concrete_function(tf.TensorSpec((2, 4), tf.int32)).graph
+        library = graph.as_graph_def().library.function
+        bodies = {
+            node.attr["body"].func.name
+            for function in [*library, graph.as_graph_def()]
+            for node in getattr(function, "node_def", getattr(function, "node", []))
+            if node.op in ("While", "StatelessWhile")
+        }
+        return sum(
+            node.op == "ReadVariableOp"
+            for function in library
+            if function.signature.name in bodies
+            for node in function.node_def
+        )
+
+    compiled = _task.compiled(model, "decode", build)
+    assert reads_in_loop_bodies(compiled) == 0
+    assert reads_in_loop_bodies(tf.function(build())) > 0
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 1]], "int32")
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(compiled(ids)),
+        keras.ops.convert_to_numpy(build()(ids)),
+    )
+
+
+def test_a_nested_scope_reads_the_outer_scopes_values():
+    """Inside another `keras.StatelessScope` (a `stateless_call`), the
+    weights read once are the outer scope's values, and so are the other
+    layers' weights."""
+    model = small_model()
+    other = keras.layers.Dense(2)
+    other.build((None, 2))
+    ids = np.array([[1, 2, 3]], "int32")
+    ones = [
+        (v, np.ones(v.shape, v.dtype)) for v in [*model.variables, *other.variables]
+    ]
+    with keras.StatelessScope(state_mapping=ones):
+        expected = keras.ops.convert_to_numpy(other(model(ids)))
+        with generation.WeightsReadOnce([model]):
+            found = keras.ops.convert_to_numpy(other(model(ids)))
+    np.testing.assert_array_equal(found, expected)
+    assert not np.allclose(found, keras.ops.convert_to_numpy(other(model(ids))))
+
+
+def test_weights_read_once_refuses_what_is_not_a_layer():
+    with pytest.raises(ValueError, match="`layers` must hold Keras layers"):
+        generation.WeightsReadOnce([np.ones(3)])
