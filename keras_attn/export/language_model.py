@@ -43,9 +43,11 @@ def language_model_serving_fns(
         )
     tokenizer = SubwordTokenizer(model.tokenizer.proto)
 
-    # None is no assistant here: the spec resolved the model's own.
+    # None is no assistant here: the spec resolved the model's own (a
+    # draft model, or "prompt_lookup", which has no weights).
+    drafts = [assistant_model] if isinstance(assistant_model, keras.Model) else []
     continue_ids = ReadingWeightsOnce(
-        (model,) if assistant_model is None else (model, assistant_model),
+        (model, *drafts),
         functools.partial(
             model.continue_ids,
             max_new_tokens=max_new_tokens,
