@@ -48,14 +48,14 @@ class WeightsReadOnce(keras.StatelessScope):
             sublayer.compute_dtype
             for layer in layers
             for sublayer in layer._flatten_layers()
-            if _is_float(sublayer.compute_dtype)
+            if keras.backend.is_float_dtype(sublayer.compute_dtype)
         }
         self._values = {}
         for layer in layers:
             for variable in layer.variables:
                 value = _read(variable)
                 self._values[id(variable), variable.dtype] = value
-                if not _is_float(variable.dtype):
+                if not keras.backend.is_float_dtype(variable.dtype):
                     continue
                 # `variable.dtype` reads as `floatx` under a layer that
                 # turns autocasting off: for that dtype only the variable's
@@ -91,7 +91,3 @@ def _read(variable):
 
         return tf.convert_to_tensor(variable.value)
     return keras.ops.convert_to_tensor(variable.value)
-
-
-def _is_float(dtype) -> bool:
-    return "float" in str(dtype)
