@@ -750,8 +750,8 @@ def train_assistant(
         args, trainee or draft, *data, out / "assistant", minutes=budget,
         saved=draft, **schedule,
     )  # fmt: skip
-    # The task was trained just before; a Distiller froze it, its teacher.
-    task.trainable = True
+    if trainee is not None:  # the Distiller froze its teacher, the task
+        trainee.restore_teacher()
     task.assistant_model = draft
     save_model(task, out)
     return {
@@ -766,9 +766,21 @@ def train_assistant(
 def distiller(task, draft, optimizer, loss):
     """`keras.distillation.Distiller` training `draft` on `task`'s logits
     alone (`keras_attn.training.LogitsDistillation`, temperature 1), compiled
-    with `optimizer` (and `loss`, the draft's own on the data, weighted 0)."""
+    with `optimizer` (and `loss`, the draft's own on the data, weighted 0).
+    Its `restore_teacher()` gives every layer of `task` the `trainable` it
+    had before."""
+    # Keras's Distiller sets `teacher.trainable = False` and never undoes it;
+    # `trainable = True` afterwards would unfreeze every layer, the ones
+    # frozen on purpose too (a translator's pretrained source embedding).
+    trainable = [(layer, layer.trainable) for layer in task._flatten_layers()]
     trainee = keras.distillation.Distiller(
         task, draft, training.LogitsDistillation(), student_loss_weight=0.0
     )
     trainee.compile(optimizer=optimizer, loss=loss)
+
+    def restore_teacher():
+        for layer, was_trainable in trainable:
+            layer.trainable = was_trainable
+
+    trainee.restore_teacher = restore_teacher  # train_assistant calls it
     return trainee

@@ -213,6 +213,16 @@ def translate_args(argv=None):
         help="the draft's width (default: half the translator's decoder "
         "width), with half the heads and a feed-forward of 4 * D",
     )
+    add(
+        "--assistant-training",
+        choices=("data", "distill"),
+        default="data",
+        help="how the draft learns: from the training pairs' next tokens "
+        "(default, chosen on the validation pairs, where its greedy choice "
+        "agreed with the translator's more often in the same time) or from "
+        "the trained translator's logits (`keras.distillation.Distiller` "
+        "with keras_attn.training.LogitsDistillation)",
+    )
     add_run_arguments(parser, out="runs/translation", **run_defaults(scratch))
     known, _ = parser.parse_known_args(argv)
     if known.pretrained is None:

@@ -169,9 +169,15 @@ def main(argv=None) -> dict:
         if args.assistant_layers:  # a draft, then the translator saved with it
             with strategy.scope():
                 draft = build_assistant(args, translator)
+                trainee = None
+                if args.assistant_training == "distill":
+                    trainee = _cli.distiller(
+                        translator, draft, draft.optimizer, draft.loss
+                    )
             metrics["assistant"] = _cli.train_assistant(
                 args, translator, draft, data, out,
-                assistant_sizes(args, translator), decay_alpha=alpha,
+                assistant_sizes(args, translator), trainee=trainee,
+                decay_alpha=alpha,
             )  # fmt: skip
     decoding = dict(
         beam_width=args.beam_width, max_length=args.max_length, verbose=args.verbose

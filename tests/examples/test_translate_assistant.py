@@ -1,6 +1,8 @@
-"""examples/translate.py's draft (`--assistant-layers`, `--assistant-dim`):
-the options, the draft's sizes, and (slow) a run that trains one beside the
-translator, records its greedy speed-up and saves it with the translator."""
+"""examples/translate.py's draft (`--assistant-layers`, `--assistant-dim`,
+`--assistant-training`): the options, the draft's sizes, the translator's
+frozen layers after distilling, and (slow) runs that train one beside the
+translator both ways, record its greedy speed-up and save it with the
+translator."""
 
 import json
 from types import SimpleNamespace
@@ -17,6 +19,10 @@ pytestmark = pytest.mark.tf_only
 def test_assistant_options_and_sizes(capsys):
     script = load_script("translate")
     assert script.parse_args([]).assistant_layers == 0  # no draft by default
+    # Chosen on the validation pairs (docs/TRANSLATION.md).
+    assert script.parse_args([]).assistant_training == "data"
+    distill = script.parse_args(["--assistant-training", "distill"])
+    assert distill.assistant_training == "distill"
     args = script.parse_args(["--pretrained", "none", "--assistant-layers", "1"])
     translator = SimpleNamespace(embedding_dim=256, num_heads=8, shared_vocabulary=True)
     assert script.assistant_sizes(args, translator) == {
@@ -37,25 +43,53 @@ def test_assistant_options_and_sizes(capsys):
             ["--model", "rnn", "--assistant-layers", "1"],
             "--assistant-layers drafts for the Transformer translator",
         ),
+        (["--assistant-training", "teacher"], "invalid choice: 'teacher'"),
     ):
         with pytest.raises(SystemExit):
             script.parse_args(argv)
         assert message in capsys.readouterr().err, argv
 
 
+def test_distilling_a_draft_keeps_the_translators_frozen_layers_frozen():
+    # Keras's Distiller sets `teacher.trainable = False` and never undoes it;
+    # setting `trainable = True` back would unfreeze the pretrained source
+    # embedding the translator keeps fixed.
+    from keras_attn.models import TransformerTranslator
+
+    cli = load_script("_cli")
+    sizes = dict(
+        sequence_length=8, embedding_dim=16, num_encoder_layers=1,
+        num_decoder_layers=1, num_heads=2, intermediate_dim=32,
+    )  # fmt: skip
+    translator = TransformerTranslator(50, 50, freeze_source_embedding=True, **sizes)
+    draft = TransformerTranslator(50, 50, name="draft", **sizes)
+    draft.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    trainable = len(translator.trainable_weights)
+
+    trainee = cli.distiller(translator, draft, draft.optimizer, draft.loss)
+    assert translator.trainable_weights == []  # the teacher, frozen while distilling
+    trainee.restore_teacher()
+    assert translator.trainable
+    assert not translator.source_embedding.trainable
+    assert len(translator.trainable_weights) == trainable
+
+
 # Slow: two trainings end to end. The translator's own draft (translate,
 # the export, model.keras, presets, a fresh process) is tested in
 # tests/models/test_translator_assistant.py.
 @pytest.mark.slow
-def test_a_draft_trained_beside_the_translator_is_saved_and_used(tmp_path):
+@pytest.mark.parametrize("training", ["data", "distill"])
+def test_a_draft_trained_beside_the_translator_is_saved_and_used(tmp_path, training):
     out = tmp_path / "run"
     run_script(
         "translate.py", "--smoke", "--pretrained", "none", "--data",
         FIXTURES / "de_en_pairs.tsv", "--assistant-layers", 1, "--beam-width", 1,
-        "--length-penalty", 0, "--out", out,
+        "--length-penalty", 0, "--assistant-training", training, "--out", out,
     )  # fmt: skip
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     assert metrics["assistant_same_translations"] is True
+    assert metrics["assistant"]["training"] == training
+    assert 0 <= metrics["assistant"]["validation_agreement"] <= 1
     assert metrics["assistant"]["num_decoder_layers"] == 1
     assert metrics["assistant"]["embedding_dim"] == 64  # half of --smoke's 128
     assert metrics["assistant_speedup"] > 0
