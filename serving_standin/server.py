@@ -362,14 +362,20 @@ def _with_spec(spec):
 
 
 def predict_request(model_name: str, signature_name: str, inputs: dict):
-    """A `PredictRequest` with `inputs` (`{name: list of str or bytes}`) as
-    string tensor protos, as a client builds it."""
+    """A `PredictRequest` with `inputs` (`{name: list of str or bytes}`, or
+    of ints: an int64 tensor proto, a language model's seeds) as string
+    tensor protos, as a client builds it."""
     from tensorflow_serving.apis import predict_pb2
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model_name
     request.model_spec.signature_name = signature_name
     for name, values in inputs.items():
+        if values and all(isinstance(v, int) for v in values):
+            request.inputs[name].CopyFrom(
+                tf.make_tensor_proto(np.array(values, np.int64), dtype=tf.int64)
+            )
+            continue
         rows = [v.encode("utf-8") if isinstance(v, str) else v for v in values]
         request.inputs[name].CopyFrom(
             tf.make_tensor_proto(

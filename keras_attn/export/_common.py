@@ -173,9 +173,13 @@ def read_metadata(path) -> dict:
 
 def run_samples(signatures: dict, samples: dict) -> dict:
     """`{signature: {output: list}}` for the sample inputs, as plain JSON."""
+    from keras_attn.export._predict import request_array
+
     results = {}
     for name, inputs in samples.items():
-        outputs = signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
+        outputs = signatures[name](
+            **{k: tf.constant(request_array(v)) for k, v in inputs.items()}
+        )
         results[name] = {k: _jsonable(v.numpy()) for k, v in outputs.items()}
     return results
 

@@ -44,6 +44,24 @@ class PredictError(Exception):
         self.message = message
 
 
+def request_array(values) -> np.ndarray:
+    """A request's input of the export's samples or examples as a client
+    sends it: texts as a string tensor (UTF-8 bytes), integers (a
+    language model's `seed`) as int64."""
+    values = list(values)
+    if all(isinstance(v, str) for v in values):
+        return np.array([v.encode("utf-8") for v in values], dtype=object)
+    return np.array(values, dtype=np.int64)
+
+
+def request_tensor_proto(values):
+    """`request_array(values)` as the tensor proto of a `PredictRequest`."""
+    array = request_array(values)
+    return tf.make_tensor_proto(
+        array, dtype=tf.string if array.dtype == object else tf.int64
+    )
+
+
 def signature_for(meta_graph, request):
     """`(name, SignatureDef)` of the request's signature."""
     name = request.model_spec.signature_name or DEFAULT_SIGNATURE

@@ -154,8 +154,7 @@ def predict_request(name, inputs):
     request.model_spec.name = config["model_name"]
     request.model_spec.signature_name = name
     for key, value in inputs.items():
-        array = np.array([v.encode("utf-8") for v in value], dtype=object)
-        request.inputs[key].CopyFrom(tf.make_tensor_proto(array, dtype=tf.string))
+        request.inputs[key].CopyFrom(protocol.request_tensor_proto(value))
     return request
 
 if not result["unverified"] and not result["unknown_ops"]:
@@ -164,7 +163,9 @@ if not result["unverified"] and not result["unknown_ops"]:
     result["tf2"] = {}
     for name, inputs in samples.items():
         fn = loaded.signatures[name]
-        outputs = fn(**{k: tf.constant(v) for k, v in inputs.items()})
+        outputs = fn(
+            **{k: tf.constant(protocol.request_array(v)) for k, v in inputs.items()}
+        )
         result["tf2"][name] = {k: as_json(v.numpy()) for k, v in outputs.items()}
     del loaded
 
@@ -443,7 +444,12 @@ def check_servable(
         {}
         if examples is None
         else {
-            name: {key: examples for key in inputs}
+            name: {
+                key: examples
+                if isinstance(sample[0], str)
+                else list(range(1, len(examples) + 1))  # a seed per example
+                for key, sample in inputs.items()
+            }
             for name, inputs in metadata["samples"].items()
         }
     )

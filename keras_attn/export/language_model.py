@@ -17,7 +17,9 @@ from keras_attn.text.tokenizer import SubwordTokenizer
 
 PROMPT_SPEC = tf.TensorSpec([None], tf.string, name="prompt")
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+SEED_SPEC = tf.TensorSpec([None], tf.int64, name="seed")
 SAMPLE_PROMPTS = ("KING:\n", "", "To be, or not to be")
+SAMPLE_SEEDS = (1, 2, 3)
 
 
 def language_model_serving_fns(
@@ -28,13 +30,17 @@ def language_model_serving_fns(
     continuous_cache=None,
     assistant_model=None,
     num_speculative_tokens=4,
+    sampler=None,
 ):
-    """The two signature functions and the tokenizer they need tracked (what
+    """The signature functions (`complete`, `score`, and `sample` with a
+    `sampler`, else None) and the tokenizer they need tracked (what
     `TransformerLanguageModel.serving_spec` serves).
 
     `score` is `model.score_ids` of the preprocessor's `score_preprocess`
     (`model.score_strings` with the serving tokenizer: the same sliding
     windows and continuous cache as the eager `model.score`), in the graph.
+    `sample` is `model.continue_ids` with `sampler` and one seed per prompt,
+    what `model.generate(prompts, sampler=sampler, seed=seeds)` answers.
     """
     if model.tokenizer is None:
         raise ValueError(
@@ -46,21 +52,37 @@ def language_model_serving_fns(
     # None is no assistant here: the spec resolved the model's own (a
     # draft model, or "prompt_lookup", which has no weights).
     drafts = [assistant_model] if isinstance(assistant_model, keras.Model) else []
-    continue_ids = ReadingWeightsOnce(
-        (model, *drafts),
-        functools.partial(
-            model.continue_ids,
-            max_new_tokens=max_new_tokens,
-            context_length=context_length,
-            assistant_model=False if assistant_model is None else assistant_model,
-            num_speculative_tokens=num_speculative_tokens,
-        ),
-    )  # the weights read (and cast) once per request, not at every step
+
+    def continuing(with_sampler):
+        """`model.continue_ids` with the export's options and `with_sampler`,
+        the weights read (and cast) once per request, not at every step."""
+        return ReadingWeightsOnce(
+            (model, *drafts),
+            functools.partial(
+                model.continue_ids,
+                max_new_tokens=max_new_tokens,
+                context_length=context_length,
+                sampler=with_sampler,
+                assistant_model=False if assistant_model is None else assistant_model,
+                num_speculative_tokens=num_speculative_tokens,
+            ),
+        )
+
+    continue_ids = continuing("greedy")
 
     def complete(prompt):
         prompt = clean_text(prompt, max_chars=max_chars)
         new_tokens = continue_ids(tokenizer.tokenize(prompt))
         return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}
+
+    sample = None
+    if sampler is not None:
+        continue_sampled = continuing(sampler)
+
+        def sample(prompt, seed):
+            prompt = clean_text(prompt, max_chars=max_chars)
+            new_tokens = continue_sampled(tokenizer.tokenize(prompt), seed=seed)
+            return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}
 
     preprocessor = LanguageModelPreprocessor(tokenizer, model.sequence_length)
 
@@ -72,7 +94,36 @@ def language_model_serving_fns(
             context_length=context_length,
         )
 
-    return complete, score, tokenizer
+    return complete, score, sample, tokenizer
+
+
+def check_export_sampler(sampler):
+    """`sampler` if it is None or a keras_attn.generation sampler that
+    draws at random (what the `sample` signature decodes with), else a
+    `ValueError`."""
+    from keras_attn import generation
+
+    if sampler is None:
+        return None
+    if not isinstance(sampler, generation.Sampler) or isinstance(
+        sampler, (generation.GreedySampler, generation.BeamSampler)
+    ):
+        raise ValueError(
+            "`sampler` must be a keras_attn.generation sampler that draws at "
+            "random (RandomSampler, TopKSampler, TopPSampler or a subclass of "
+            "Sampler; greedy decoding is `serving_default`). Received: "
+            f"sampler={sampler!r}"
+        )
+    return sampler
+
+
+def _describe_sampler(sampler):
+    """The metadata's `sampler` entry: None, or the sampler's class and
+    config."""
+    if sampler is None:
+        return None
+    config = {k: v for k, v in sampler.get_config().items() if k != "seed"}
+    return {"class": type(sampler).__name__, "config": config}
 
 
 def language_model_serving_spec(
@@ -83,24 +134,29 @@ def language_model_serving_spec(
     continuous_cache=None,
     assistant_model=None,
     num_speculative_tokens: int = 4,
+    sampler=None,
 ) -> ServingSpec:
     """`TransformerLanguageModel.serving_spec`: the `ServingSpec` of
-    `serving_default` (`prompt` -> `completion`) and `score` (`text` ->
-    `log_likelihood`, `num_tokens`), with `export_language_model`'s
+    `serving_default` (`prompt` -> `completion`), `score` (`text` ->
+    `log_likelihood`, `num_tokens`) and, with a `sampler`, `sample`
+    (`prompt`, `seed` -> `completion`), with `export_language_model`'s
     options."""
     from keras_attn import _validation as v
 
     check_continuous_cache(continuous_cache)
+    check_export_sampler(sampler)
     assistant_model = model._assistant(assistant_model)  # None: the model's own
     if context_length is None:
         context_length = model.sequence_length
     model.prompt_room(max_new_tokens, context_length)  # raises if it does not fit
     if assistant_model is not None:
         model.check_assistant(assistant_model, "greedy", context_length)
+        if sampler is not None:
+            model.check_assistant(assistant_model, sampler, context_length)
         v.check_positive_int("num_speculative_tokens", num_speculative_tokens)
-    complete, score, serving_tokenizer = language_model_serving_fns(
+    complete, score, sample, serving_tokenizer = language_model_serving_fns(
         model, context_length, max_new_tokens, max_chars, continuous_cache,
-        assistant_model, num_speculative_tokens,
+        assistant_model, num_speculative_tokens, sampler,
     )  # fmt: skip
     draft = assistant_model if isinstance(assistant_model, keras.Model) else None
     with_cache = continuous_cache is not None
@@ -124,6 +180,14 @@ def language_model_serving_spec(
             {"text": list(SAMPLE_PROMPTS)},
         ),
     }
+    if sample is not None:
+        endpoints["sample"] = Endpoint(
+            sample,
+            [PROMPT_SPEC, SEED_SPEC],
+            {"prompt": "string [batch]", "seed": "int64 [batch]"},
+            {"completion": "string [batch]"},
+            {"prompt": list(SAMPLE_PROMPTS), "seed": list(SAMPLE_SEEDS)},
+        )
     metadata = {
         "context_length": context_length,
         "max_new_tokens": max_new_tokens,
@@ -132,6 +196,16 @@ def language_model_serving_spec(
         else "greedy, speculative: the same tokens, guesses checked "
         f"{num_speculative_tokens} at a time",
         "assistant": _describe_assistant(assistant_model, num_speculative_tokens),
+        "sampler": _describe_sampler(sampler),
+        "sample": None
+        if sampler is None
+        else "a draw from the sampler's distribution, each prompt's from its "
+        "own seed (modulo 2**32) whatever it is batched with"
+        + (
+            ""
+            if assistant_model is None
+            else f", speculative: guesses checked {num_speculative_tokens} at a time"
+        ),
         "score": "natural-log probability of the text's tokens and the end "
         "token given the start token; sliding window of stride "
         "context_length // 2"
@@ -186,6 +260,7 @@ def export_language_model(
     precision: str | None = None,
     assistant_model=None,
     num_speculative_tokens: int = 4,
+    sampler=None,
 ) -> Path:
     """Export a `keras_attn.models.TransformerLanguageModel` with its
     `tokenizer` for TF Serving (what `model.export(base_dir)` does:
@@ -226,6 +301,19 @@ def export_language_model(
     weights are in the same SavedModel; the metadata's `assistant` says
     which.
 
+    With `sampler` (a `keras_attn.generation` sampler that draws at random:
+    `RandomSampler`, `TopKSampler`, `TopPSampler`), a third signature:
+
+    - `sample`: `prompt` (string `[batch]`) and `seed` (int64 `[batch]`, one
+      per prompt) -> `completion` (string `[batch]`): the prompt continued
+      by `sampler` (its temperature and cut; its own `seed` is not used),
+      each row drawing from its own seed, so a request's completion does
+      not depend on the requests TF Serving batches it with and the same
+      prompt and seed give the same completion. What `model.generate(
+      prompts, max_new_tokens, sampler=sampler, seed=seeds)` answers. With
+      an `assistant_model` it decodes by speculative sampling (the same
+      distribution, other draws).
+
     `context_length` defaults to the model's `sequence_length`.
     `precision` (`"float32"`, `"bfloat16"`, `"int8"`, `"int4"`) exports a
     copy of the model with its weights so (see `export_task`), and of a
@@ -244,6 +332,7 @@ def export_language_model(
             "precision": precision,
             "assistant_model": assistant_model,
             "num_speculative_tokens": num_speculative_tokens,
+            "sampler": sampler,
         },
         argument="model",
         expected_task="language_model",

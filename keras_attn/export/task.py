@@ -50,9 +50,10 @@ class Endpoint:
             as the signature's input.
         inputs, outputs: `{name: "dtype [shape]"}`: what the metadata records
             of the signature.
-        samples: `{input: list of texts}`: the sample request, run at export
-            (the outputs are recorded for `check_servable` to compare with)
-            and written as the server's warmup requests.
+        samples: `{input: list of texts (or ints: a seed)}`: the sample
+            request, run at export (the outputs are recorded for
+            `check_servable` to compare with) and written as the server's
+            warmup requests.
     """
 
     function: Callable

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 WARMUP_FILE = "tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # WarmupConsts::kMaxNumRecords
 
@@ -26,9 +24,11 @@ MAX_WARMUP_RECORDS = 1000  # WarmupConsts::kMaxNumRecords
 def warmup_logs(model_name: str, samples: dict, batch_sizes) -> list:
     """`PredictionLog`s: for each signature of `samples` (`{signature:
     {input: list of texts}}`) and each size in `batch_sizes`, one Predict
-    request of that many rows (the signature's sample texts, repeated)."""
-    import tensorflow as tf
+    request of that many rows (the signature's sample inputs, repeated:
+    texts, or a language model's integer seeds)."""
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    from keras_attn.export._predict import request_tensor_proto
 
     logs = []
     for signature, inputs in samples.items():
@@ -36,11 +36,9 @@ def warmup_logs(model_name: str, samples: dict, batch_sizes) -> list:
             request = predict_pb2.PredictRequest()
             request.model_spec.name = model_name
             request.model_spec.signature_name = signature
-            for name, texts in inputs.items():
-                rows = [texts[i % len(texts)].encode("utf-8") for i in range(size)]
-                request.inputs[name].CopyFrom(
-                    tf.make_tensor_proto(np.array(rows, dtype=object), dtype=tf.string)
-                )
+            for name, values in inputs.items():
+                rows = [values[i % len(values)] for i in range(size)]
+                request.inputs[name].CopyFrom(request_tensor_proto(rows))
             logs.append(
                 prediction_log_pb2.PredictionLog(
                     predict_log=prediction_log_pb2.PredictLog(request=request)

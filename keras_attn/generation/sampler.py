@@ -293,8 +293,11 @@ class Sampler:
         pad_token_id: int written after the end token and past `max_length`.
         output_length: static width of the result; defaults to `max_length`
             (then a Python int). Needed when `max_length` is a tensor.
-        seed: int or scalar int tensor for the random samplers; defaults to
-            the constructor's seed (a fresh random one if both are `None`).
+        seed: int or scalar int tensor for the random samplers, or one
+            seed per row (a `(B,)` int tensor or a list of ints: a row's
+            draws then depend on its own seed only, not on the other rows
+            or its place in the batch); defaults to the constructor's seed
+            (a fresh random one if both are `None`).
         prefill: fill the cache for the prompt with one `next_fn` call on the
             whole `(B, T0)` prompt before the loop (faster); with `False` the
             loop steps through the prompt one token at a time (for a
@@ -350,8 +353,9 @@ class Sampler:
 
         Args:
             log_probs: float32 `(B, vocab)`, temperature applied.
-            seed: scalar 32-bit seed tensor, fresh at every step (for
-                `keras_attn.generation` random draws).
+            seed: 32-bit seed tensor, fresh at every step (for
+                `keras_attn.ops.counter_random` draws): scalar, or `(B,)`,
+                one per row, when the call was given a seed per row.
 
         Returns:
             int `(B,)`.
@@ -420,6 +424,7 @@ class Sampler:
             prompt, prompt_lengths, pad_token_id, output_length
         )
         seed = counter_random.seed_tensor(self.seed if seed is None else seed)
+        counter_random.check_row_seeds(seed, ops.shape(tokens)[0])
         cache = run_prefill(next_fn, prompt, cache, prefill)
         index = start_index(lengths, prefill)
         inputs = ops.take(tokens, index, axis=1)[:, None]  # (B, 1)

@@ -57,9 +57,13 @@ def _argmax(logits):
 
 
 def _categorical(log_probs, seed):
-    """One draw from each distribution of `log_probs` `(B, n, V)`: `(B, n)`."""
+    """One draw from each distribution of `log_probs` `(B, n, V)`: `(B, n)`
+    (with a seed per row, each of a row's `n` draws from its own stream)."""
     shape = ops.shape(log_probs)
     flat = ops.reshape(log_probs, (-1, shape[-1]))
+    if counter_random.row_seeds(seed):
+        positions = ops.arange(shape[1], dtype="int32")[None, :]  # (1, n)
+        seed = ops.reshape(counter_random.step_seed(seed[:, None], positions), (-1,))
     return ops.reshape(counter_random.categorical(flat, seed), (shape[0], shape[1]))
 
 
@@ -284,8 +288,10 @@ def speculative_sample(
             temperature-scaled logits, is what the target's tokens follow and
             what a draft model draws its guesses from). A `GreedySampler` is
             `speculative_greedy_search`; a `BeamSampler` is refused.
-        seed: int or scalar int tensor (default: the sampler's seed, else a
-            random one): the same seed gives the same tokens. They are not
+        seed: int or scalar int tensor, or one seed per row (a `(B,)` int
+            tensor or a list of ints: a row's draws depend on its own seed
+            only) (default: the sampler's seed, else a random one): the
+            same seed gives the same tokens. They are not
             the tokens plain sampling draws for that seed.
         The other arguments are `speculative_greedy_search`'s.
 
@@ -301,6 +307,7 @@ def speculative_sample(
         sampler = None
     else:
         seed = counter_random.seed_tensor(sampler.seed if seed is None else seed)
+        counter_random.check_row_seeds(seed, ops.shape(prompt)[0])
     return _speculative_loop(
         next_fn, proposer, prompt, cache, max_length, sampler, seed,
         num_speculative_tokens, prompt_lengths, end_token_id, stop_token_ids,

@@ -176,9 +176,9 @@ def without_padding_columns(token_ids):
     return token_ids[:, :width]
 
 
-def map_batches(fn, texts, batch_size, verbose="auto", title="Predicting"):
+def map_batches(fn, texts, batch_size, verbose="auto", title="Predicting", length=len):
     """`fn(batch)` over `texts` in batches of `batch_size`, texts of similar
-    length batched together (less padding), and the results back in the
+    `length` batched together (less padding), and the results back in the
     order of `texts`: a list, one item per text (`fn` returns a sequence of
     one result per text of its batch). A `keras.utils.Progbar` over the
     batches as `keras.Model.predict` shows it: `verbose` 1 a bar, 2 one line
@@ -193,7 +193,7 @@ def map_batches(fn, texts, batch_size, verbose="auto", title="Predicting"):
     if verbose == "auto":
         verbose = 1 if batches > 1 else 0
     # Longest first: a too-large batch fails at once, not at the end.
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    order = sorted(range(len(texts)), key=lambda i: -length(texts[i]))
     results = [None] * len(texts)
     progress = progress_bar(title, batches, verbose) if batches else None
     for step, start in enumerate(range(0, len(texts), batch_size), start=1):
@@ -291,11 +291,11 @@ class ReadingWeightsOnce:
         self.models = tuple(models)
         self.fn = fn
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         from keras_attn.generation.weights import WeightsReadOnce
 
         with WeightsReadOnce(self.models):
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
 
 
 def jit_reading_weights(model, fn, others=()):

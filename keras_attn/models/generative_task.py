@@ -117,10 +117,12 @@ class GenerativeTask(QuantizableTask, SetattrBeforeInit):
         return np.asarray(keras.ops.convert_to_numpy(found))
 
     @staticmethod
-    def generate_texts(generate_batch, texts, batch_size, verbose, title):
+    def generate_texts(generate_batch, texts, batch_size, verbose, title, length=len):
         """`generate_batch(batch)` (a list of strings -> one result per
         string) over `texts` in batches of `batch_size`, texts of similar
-        length together, the results in the order of `texts`; a progress
+        `length` together, the results in the order of `texts`; a progress
         bar as `verbose` asks (`"auto"`: when there is more than one
         batch), under `title`. Memory stays flat as `texts` grow."""
-        return _task.map_batches(generate_batch, texts, batch_size, verbose, title)
+        return _task.map_batches(
+            generate_batch, texts, batch_size, verbose, title, length=length
+        )

@@ -19,19 +19,34 @@ from keras_attn.models.task import BackboneTask
 PAD_ID, START_ID, END_ID = _task.PAD_ID, _task.START_ID, _task.END_ID
 
 
-def _stream_seed(sampler, seed):
-    """The seed of `stream`'s draws as a scalar of the hash's dtype (what
-    `generate` makes of the same int): `seed`, else the sampler's, else a
-    fresh one."""
+def _seed_array(sampler, seed, rows: int | None = None):
+    """The seed of a call's draws as a NumPy array of the hash's dtype, the
+    input of a compiled decoding (so each call draws from its own seed, not
+    one frozen into the trace): `seed`, else the sampler's, else a fresh one
+    per call. With `rows` (a batch of that many prompts), `seed` may also be
+    one int per prompt: a `(rows,)` array."""
     import random
 
     from keras_attn.ops._hash import hash_dtype
 
-    seed = sampler.seed if seed is None else seed
+    seed = getattr(sampler, "seed", None) if seed is None else seed
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
+    if rows is not None and not isinstance(seed, (int, np.integer)):
+        if isinstance(seed, (list, tuple, np.ndarray)):
+            values = np.asarray(seed)
+        else:  # a tensor
+            values = np.asarray(keras.ops.convert_to_numpy(seed))
+        if values.ndim == 1 and values.dtype.kind in "iu":
+            if len(values) != rows:
+                raise ValueError(
+                    "`seed` must be one int or one per prompt. Received: "
+                    f"{len(values)} seeds for {rows} prompts"
+                )
+            return (values.astype(np.int64) & 0xFFFFFFFF).astype(hash_dtype())
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        expected = "an int, one int per prompt" if rows is not None else "an int"
+        raise ValueError(f"`seed` must be {expected} or None. Received: seed={seed!r}")
     return np.asarray(int(seed) & 0xFFFFFFFF, hash_dtype())
 
 
@@ -519,8 +534,10 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         Any number of prompts, in batches of `batch_size` (memory stays
         flat), prompts of similar length batched together and each batch
         padded to a bucket of its longest prompt. With greedy decoding the
-        completions do not depend on the batching; a random sampler draws
-        from `seed` anew in every batch.
+        completions do not depend on the batching; a random sampler with one
+        `seed` draws from it anew in every batch (a prompt's text depends on
+        the prompts batched with it), with one seed per prompt each prompt
+        draws from its own, whatever the batching.
 
         The text is valid UTF-8: a byte sequence that is not (a byte-level
         vocabulary can emit one) is decoded with U+FFFD in its place. What
@@ -531,7 +548,10 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             max_new_tokens: see above; None or a positive int.
             sampler: `"greedy"` or a `keras_attn.generation` sampler, as in
                 `generate_ids`.
-            seed: fixes a random sampler's draws.
+            seed: an int fixes a random sampler's draws; a list of ints,
+                one per prompt, fixes each prompt's own (what the export's
+                `sample` signature answers for that prompt and seed). None:
+                the sampler's `seed`, else a fresh one at every call.
             batch_size: prompts continued at once.
             verbose: `"auto"` (a progress bar when there is more than one
                 batch), 0, 1 (a bar) or 2 (one line at the end), as in
@@ -549,21 +569,26 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         preprocessor = self._text_preprocessor(None, "generate")
         prompts = _task.text_list("prompts", prompts)
         keep = self.prompt_room(max_new_tokens, self.sequence_length)
+        seeds = None  # one per prompt, or one `seed` for every batch
+        if seed is not None and not isinstance(seed, (int, np.integer)):
+            seeds = _seed_array(sampler, seed, rows=len(prompts))
 
-        def generate_batch(batch):
-            ids = preprocessor.generate_preprocess(batch)  # ragged (B, None)
+        def generate_batch(indices):
+            ids = preprocessor.generate_preprocess([prompts[i] for i in indices])
             longest = int(np.max(np.asarray(ids.row_lengths()), initial=0))
             width = _task.bucket_length(min(longest, keep) + 1, cap=keep + 1)
             new = self.continue_ids(
-                ids, max_new_tokens, sampler=sampler, seed=seed, prompt_width=width,
-                assistant_model=assistant_model,
+                ids, max_new_tokens, sampler=sampler,
+                seed=seed if seeds is None else seeds[list(indices)],
+                prompt_width=width, assistant_model=assistant_model,
                 num_speculative_tokens=num_speculative_tokens,
             )  # fmt: skip
             return preprocessor.generate_postprocess(new)
 
         return self.generate_texts(
-            generate_batch, prompts, batch_size, verbose, title="Generating"
-        )
+            generate_batch, range(len(prompts)), batch_size, verbose,
+            title="Generating", length=lambda i: len(prompts[i]),
+        )  # fmt: skip
 
     def _text_preprocessor(self, tokenizer, method: str):
         """The `LanguageModelPreprocessor` of `tokenizer` (default the
@@ -651,7 +676,9 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         as in `generate`, in a context of `context_length` tokens (default
         `sequence_length`). `prompt_width`: the prompts' padded width, start
         token included (default: the most a prompt keeps, plus one).
-        `assistant_model`, `num_speculative_tokens`: as in `generate`."""
+        `sampler`, `assistant_model`, `num_speculative_tokens`: as in
+        `generate`; `seed` too, or in a `tf.function` an integer tensor,
+        scalar or `(B,)` (one seed per row: the export's `sample`)."""
         import tensorflow as tf
 
         assistant_model = self._assistant(assistant_model, sampler)
@@ -665,13 +692,20 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         width = prompt_width or keep + 1
         prompt = ids.to_tensor(default_value=PAD_ID, shape=[None, width])
         total = context if max_new_tokens is None else width + max_new_tokens
-        if tf.executing_eagerly() and keras.backend.backend() in ("tensorflow", "jax"):
+        eager = tf.executing_eagerly()
+        if eager:  # checked; a fresh seed per call without one
+            seed = _seed_array(sampler, seed, rows=int(ids.nrows()))
+        if eager and keras.backend.backend() in ("tensorflow", "jax"):
+            # The seed is an input of the compiled decoding: each call draws
+            # from its own, not from one frozen into the trace.
             generate = self._compiled_generation(
-                width, total, sampler, seed, assistant_model, num_speculative_tokens,
-                max_new_tokens,
+                width, total, sampler, seed.ndim == 1, assistant_model,
+                num_speculative_tokens, max_new_tokens,
             )  # fmt: skip
             tokens = tf.convert_to_tensor(
-                self.run_generate_function(generate, prompt.numpy(), lengths.numpy())
+                self.run_generate_function(
+                    generate, prompt.numpy(), lengths.numpy(), seed
+                )
             )
         else:
             tokens = self.generate_ids(
@@ -739,7 +773,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         prompt = streaming.check_one_text("prompt", prompt)
         chunk_size = streaming.check_chunk_size(chunk_size)
         sampler = self._stream_sampler(sampler)
-        seed = _stream_seed(sampler, seed)
+        seed = _seed_array(sampler, seed)
         preprocessor = self._text_preprocessor(None, "stream")
         context = self.sequence_length
         keep = self.prompt_room(max_new_tokens, context)
@@ -844,17 +878,19 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         width,
         total,
         sampler,
-        seed,
+        row_seeds,
         assistant_model=None,
         num_speculative_tokens=4,
         max_new_tokens=None,
     ):
-        """`generate_ids` of `(prompt (B, width), lengths (B,))` to `total`
-        tokens, compiled once per setting (`make_generate_function`; a draft
-        model's weights are read at each call too)."""
+        """`generate_ids` of `(prompt (B, width), lengths (B,), seed)` to
+        `total` tokens, compiled once per setting (`make_generate_function`;
+        a draft model's weights are read at each call too); `seed` of the
+        hash's dtype (`_seed_array`), a scalar or, with `row_seeds`, `(B,)`."""
+        from keras_attn.ops._hash import hash_dtype
 
         def build():
-            def generate(prompt, lengths):
+            def generate(prompt, lengths, seed):
                 return self.generate_ids(
                     prompt, total, sampler=sampler, prompt_lengths=lengths, seed=seed,
                     assistant_model=assistant_model,
@@ -865,12 +901,15 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             return generate
 
         draft = assistant_model if isinstance(assistant_model, keras.Model) else None
+        seed_shape = [None] if row_seeds else []
         return self.make_generate_function(
-            ("generation", width, total, id(sampler), seed, id(assistant_model),
-             num_speculative_tokens, max_new_tokens),
+            ("generation", width, total, id(sampler), bool(row_seeds),
+             id(assistant_model), num_speculative_tokens, max_new_tokens),
             build,
             depends=(sampler, assistant_model),
-            signature=[([None, width], "int32"), ([None], "int32")],
+            signature=[
+                ([None, width], "int32"), ([None], "int32"), (seed_shape, hash_dtype())
+            ],
             others=() if draft is None else (draft,),
         )  # fmt: skip
 
@@ -903,18 +942,20 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         continuous_cache=None,
         assistant_model=None,
         num_speculative_tokens: int = 4,
+        sampler=None,
     ):
         """What the TF Serving export serves: a `keras_attn.export.ServingSpec`
         (which `keras_attn.export.export_task` writes) of `serving_default`
-        (`prompt` -> `completion`) and `score` (`text` -> `log_likelihood`,
-        `num_tokens`), with `export`'s options (see
+        (`prompt` -> `completion`), `score` (`text` -> `log_likelihood`,
+        `num_tokens`) and, with a `sampler`, `sample` (`prompt`, `seed` ->
+        `completion`), with `export`'s options (see
         `keras_attn.export.export_language_model`): built by
         `keras_attn.export.language_model.language_model_serving_spec`."""
         from keras_attn.export.language_model import language_model_serving_spec
 
         return language_model_serving_spec(
             self, context_length, max_new_tokens, max_chars, continuous_cache,
-            assistant_model, num_speculative_tokens,
+            assistant_model, num_speculative_tokens, sampler,
         )  # fmt: skip
 
     def export(
@@ -929,6 +970,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         precision: str | None = None,
         assistant_model=None,
         num_speculative_tokens: int = 4,
+        sampler=None,
     ):
         """Export for TF Serving (completions and scores of raw strings):
         `keras_attn.export.export_language_model(self, ...)` (see there),
@@ -948,6 +990,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             precision=precision,
             assistant_model=assistant_model,
             num_speculative_tokens=num_speculative_tokens,
+            sampler=sampler,
         )
 
     def get_config(self):

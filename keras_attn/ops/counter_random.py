@@ -46,7 +46,13 @@ def counter_bits(counters, seed, salt):
 
 
 def seed_tensor(seed):
-    """A scalar 32-bit seed tensor from an int, a scalar int tensor or `None`.
+    """A 32-bit seed tensor from an int, an integer tensor or array of rank 0
+    (one seed for the batch) or 1 (one seed per row, `(B,)`), or `None`.
+
+    With one seed per row, the draws of row `b` depend on `seed[b]` alone,
+    not on the row's place in the batch nor on the other rows (`uniform`):
+    a request decoded alone or batched with others draws the same tokens.
+    Seeds are taken modulo 2**32.
 
     `None` draws a Python-side random seed *when called*: under `tf.function`
     or `jax.jit` that freezes it into the trace, so pass a seed tensor there.
@@ -55,29 +61,63 @@ def seed_tensor(seed):
         seed = random.SystemRandom().randrange(2**32)
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
         return u32(int(seed))
+    if isinstance(seed, (list, tuple)):
+        if not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in seed
+        ):
+            raise ValueError(
+                f"`seed` must be an int, integers or None. Received: seed={seed!r}"
+            )
+        seed = [int(s) & 0xFFFFFFFF for s in seed]
+        seed = ops.convert_to_tensor(seed, "int64")
     seed = ops.convert_to_tensor(seed)
-    if len(seed.shape) != 0 or "int" not in str(seed.dtype):
+    if len(seed.shape) > 1 or "int" not in str(seed.dtype):
         raise ValueError(
-            "`seed` must be an int, a scalar integer tensor or None. "
-            f"Received: seed={seed!r}"
+            "`seed` must be an int, an integer tensor of rank 0 or 1 (one seed "
+            f"per row) or None. Received: seed={seed!r}"
         )
     return u32(seed)
 
 
+def row_seeds(seed) -> bool:
+    """Whether `seed` (a `seed_tensor`) holds one seed per row."""
+    return len(ops.shape(seed)) == 1
+
+
+def check_row_seeds(seed, batch) -> None:
+    """Raises where `seed` (a `seed_tensor`) has one seed per row but not
+    `batch` of them (both known when traced)."""
+    if not row_seeds(seed):
+        return
+    count = ops.shape(seed)[0]
+    if isinstance(count, int) and isinstance(batch, int) and count != batch:
+        raise ValueError(
+            "`seed` must be one int or one per row of the batch. Received: "
+            f"{count} seeds for a batch of {batch}"
+        )
+
+
 def step_seed(seed, step):
-    """Fold a loop index into a 32-bit seed: a fresh stream for every step."""
+    """Fold a loop index into a 32-bit seed: a fresh stream for every step
+    (elementwise: a seed per row gives a seed per row)."""
     return counter_bits(u32(seed), u32(GOLDEN), u32(step))
 
 
 def uniform(seed, shape):
     """Uniform floats in the open interval (0, 1), shape `(rows, cols)`.
 
-    `seed` is a scalar 32-bit seed tensor (see `step_seed`); the value at `(i, j)`
-    depends only on the seed and on `i * cols + j`.
+    `seed` is a 32-bit seed tensor (see `step_seed`): scalar, the value at
+    `(i, j)` depends only on the seed and on `i * cols + j`; one per row
+    `(rows,)`, only on `seed[i]` and `j`.
     """
     rows, cols = shape
-    row_ids = ops.arange(rows, dtype="int32")[:, None] * cols  # (rows, 1)
-    counters = u32(row_ids + ops.arange(cols, dtype="int32")[None, :])  # (r, c)
+    columns = ops.arange(cols, dtype="int32")[None, :]  # (1, c)
+    if row_seeds(seed):
+        seed = seed[:, None]  # (rows, 1): a row's stream is its own seed's
+        counters = u32(columns)
+    else:
+        row_ids = ops.arange(rows, dtype="int32")[:, None] * cols  # (rows, 1)
+        counters = u32(row_ids + columns)  # (r, c)
     bits = counter_bits(counters, seed, seed)
     mantissa = ops.cast(ops.right_shift(bits, u32(8)), "float32")  # [0, 2^24)
     return mantissa * (2.0**-24) + 2.0**-25

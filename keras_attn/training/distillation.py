@@ -31,9 +31,7 @@ class LogitsDistillation(keras.distillation.LogitsDistillation):
     """
 
     def __init__(self, temperature=1.0, loss="kl_divergence"):
-        if not (
-            loss == "kl_divergence" or isinstance(loss, keras.losses.KLDivergence)
-        ):
+        if not (loss == "kl_divergence" or isinstance(loss, keras.losses.KLDivergence)):
             raise ValueError(
                 "keras_attn's `LogitsDistillation` computes the KL divergence; "
                 "for another loss use `keras.distillation.LogitsDistillation`. "

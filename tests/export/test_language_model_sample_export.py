@@ -1,0 +1,164 @@
+"""The language model's `sample` signature (`export(..., sampler=...)`):
+`prompt` and one int64 `seed` per prompt -> `completion`, what
+`model.generate(prompts, sampler=sampler, seed=seeds)` answers; each row
+from its own seed, so a request's completion does not depend on the
+requests it is batched with; servable (its int64 input in the sample and
+warmup requests and the REST examples); speculative sampling with a draft."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import generation
+from keras_attn.export import check_servable
+from keras_attn.models import TransformerLanguageModel
+
+pytestmark = pytest.mark.tf_only
+
+PROMPTS = ["where is the house", "", "the station is near the", "where is the house"]
+SEEDS = [5, 6, 7, 2**40 + 5]  # the last is the first modulo 2**32
+
+
+def language_model(tokenizer, width=16, seed=0, **kwargs):
+    """Weights drawn normal (standard deviation 0.5): the draws vary."""
+    model = TransformerLanguageModel(
+        tokenizer.vocabulary_size, sequence_length=16, embedding_dim=width,
+        num_layers=1, num_heads=2, intermediate_dim=2 * width, tokenizer=tokenizer,
+        **kwargs,
+    )  # fmt: skip
+    rng = np.random.default_rng(seed)
+    model.set_weights(
+        [rng.normal(0, 0.5, w.shape).astype(w.dtype) for w in model.get_weights()]
+    )
+    return model
+
+
+def sampler():
+    return generation.TopKSampler(k=20, temperature=1.5)
+
+
+@pytest.fixture(scope="module")
+def exported(small_tokenizer, tmp_path_factory):
+    model = language_model(small_tokenizer)
+    path = model.export(
+        tmp_path_factory.mktemp("export"), max_new_tokens=6, sampler=sampler()
+    )
+    return model, path
+
+
+def served(path, prompts, seeds):
+    sample = tf.saved_model.load(str(path)).signatures["sample"]
+    outputs = sample(prompt=tf.constant(prompts), seed=tf.constant(seeds, tf.int64))
+    return [c.decode("utf-8") for c in outputs["completion"].numpy()]
+
+
+def test_the_sample_signature_is_servable(exported):
+    _, path = exported
+    report = check_servable(path, examples=["where is", "the"], verbose=False)
+    assert report.ok, str(report)
+    assert report.signatures == ["sample", "score", "serving_default"]
+    assert report.warmup["signatures"]["sample"]  # int64 seeds, replayed
+    assert (
+        report.warmup["signatures"]["sample"]
+        == report.warmup["signatures"]["serving_default"]
+    )
+    bodies = [json.loads(body) for _, body, _ in report.rest_examples]
+    sample_body = next(b for b in bodies if b.get("signature_name") == "sample")
+    assert sample_body["inputs"] == {"prompt": ["where is", "the"], "seed": [1, 2]}
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert metadata["sampler"] == {
+        "class": "TopKSampler",
+        "config": {"k": 20, "temperature": 1.5},
+    }
+    assert metadata["signatures"]["sample"]["inputs"] == {
+        "prompt": "string [batch]",
+        "seed": "int64 [batch]",
+    }
+
+
+def test_sample_answers_generate_with_a_seed_per_prompt(exported):
+    model, path = exported
+    got = served(path, PROMPTS, SEEDS)
+    assert got == model.generate(PROMPTS, 6, sampler=sampler(), seed=SEEDS)
+    # Each row from its own seed: alone, or batched in another order.
+    for prompt, seed, text in zip(PROMPTS, SEEDS, got, strict=True):
+        assert served(path, [prompt], [seed]) == [text]
+    assert served(path, PROMPTS[::-1], SEEDS[::-1]) == got[::-1]
+    # Seeds are taken modulo 2**32; another seed draws another completion.
+    assert got[3] == got[0]
+    others = served(path, [PROMPTS[0]] * 4, [11, 12, 13, 14])
+    assert len({got[0], *others}) > 1
+
+
+def test_requests_batched_by_the_server_get_their_own_completions(exported):
+    """TF Serving merges requests into one batch (the export's batching
+    parameters): each request's completion is the one it gets alone, over
+    gRPC's tensor protos and REST's JSON alike."""
+    from serving_standin import StandInServer, predict_request
+
+    _, path = exported
+    rows = [(PROMPTS[:2], SEEDS[:2]), (PROMPTS[2:], SEEDS[2:]), ([""], [5])]
+    with StandInServer(path) as server:
+        requests = [
+            predict_request("language_model", "sample", {"prompt": p, "seed": s})
+            for p, s in rows
+        ]
+        alone = [server.predict(request) for request in requests]
+        runs = server.graph_runs
+        together = server.predict_together(requests)
+        assert server.graph_runs - runs == 1  # one merged batch
+        status, answer = server.rest(
+            json.dumps({"signature_name": "sample", "inputs": {
+                "prompt": PROMPTS[2:], "seed": SEEDS[2:]}})
+        )  # fmt: skip
+    for one, merged in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(
+            tf.make_ndarray(merged.outputs["completion"]),
+            tf.make_ndarray(one.outputs["completion"]),
+        )
+    assert status == 200
+    assert json.loads(answer)["outputs"] == [
+        c.decode("utf-8") for c in tf.make_ndarray(alone[1].outputs["completion"])
+    ]
+
+
+def test_without_a_sampler_there_is_no_sample_signature(small_tokenizer, tmp_path):
+    model = language_model(small_tokenizer)
+    path = model.export(tmp_path, max_new_tokens=3)
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert sorted(metadata["signatures"]) == ["score", "serving_default"]
+    assert metadata["sampler"] is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["greedy", "top_k", generation.GreedySampler(), generation.BeamSampler(2)],
+)
+def test_a_sampler_that_does_not_draw_is_refused(small_tokenizer, tmp_path, bad):
+    model = language_model(small_tokenizer)
+    with pytest.raises(ValueError, match=r"`sampler` must be a keras_attn\.generation"):
+        model.export(tmp_path, max_new_tokens=3, sampler=bad)
+    assert not any(tmp_path.iterdir())
+
+
+def test_sample_with_a_draft_is_speculative_sampling(small_tokenizer, tmp_path):
+    """The draft's weights in the SavedModel, the completions those of
+    speculative sampling in process for the same seeds."""
+    model = language_model(small_tokenizer)
+    draft = language_model(small_tokenizer, width=8, seed=1, name="draft")
+    path = model.export(
+        tmp_path, max_new_tokens=6, sampler=sampler(), assistant_model=draft,
+        num_speculative_tokens=3,
+    )  # fmt: skip
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
+    assert "speculative" in metadata["sample"]
+    got = served(path, PROMPTS, SEEDS)
+    assert got == model.generate(
+        PROMPTS, 6, sampler=sampler(), seed=SEEDS, assistant_model=draft,
+        num_speculative_tokens=3,
+    )  # fmt: skip
+    assert served(path, PROMPTS[1:2], SEEDS[1:2]) == got[1:2]
