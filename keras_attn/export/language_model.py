@@ -80,6 +80,12 @@ def language_model_serving_fns(
         continue_sampled = continuing(sampler)
 
         def sample(prompt, seed):
+            # One seed per prompt (a shorter vector would broadcast).
+            tf.debugging.assert_equal(
+                tf.shape(seed)[0],
+                tf.shape(prompt)[0],
+                message="`seed` must hold one seed per prompt",
+            )
             prompt = clean_text(prompt, max_chars=max_chars)
             new_tokens = continue_sampled(tokenizer.tokenize(prompt), seed=seed)
             return {"completion": valid_utf8(tokenizer.detokenize(new_tokens))}

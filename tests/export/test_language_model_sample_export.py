@@ -92,6 +92,16 @@ def test_sample_answers_generate_with_a_seed_per_prompt(exported):
     assert len({got[0], *others}) > 1
 
 
+def test_a_seed_per_prompt_is_required(exported):
+    _, path = exported
+    sample = tf.saved_model.load(str(path)).signatures["sample"]
+    for seeds in ([1], [1, 2, 3]):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="one seed per prompt"):
+            sample(prompt=tf.constant(["a", "b"]), seed=tf.constant(seeds, tf.int64))
+    empty = sample(prompt=tf.zeros([0], tf.string), seed=tf.zeros([0], tf.int64))
+    assert empty["completion"].shape == (0,)
+
+
 def test_requests_batched_by_the_server_get_their_own_completions(exported):
     """TF Serving merges requests into one batch (the export's batching
     parameters): each request's completion is the one it gets alone, over
