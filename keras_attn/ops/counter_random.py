@@ -26,9 +26,10 @@ import numbers
 import random
 
 import keras
+import numpy as np
 from keras import ops
 
-from keras_attn.ops._hash import GOLDEN, add, mix, multiply, u32
+from keras_attn.ops._hash import GOLDEN, add, hash_dtype, mix, multiply, u32
 
 
 def counter_bits(counters, seed, salt):
@@ -68,8 +69,11 @@ def seed_tensor(seed):
             raise ValueError(
                 f"`seed` must be an int, integers or None. Received: seed={seed!r}"
             )
-        seed = [int(s) & 0xFFFFFFFF for s in seed]
-        seed = ops.convert_to_tensor(seed, "int64")
+        seed = np.asarray([int(s) for s in seed], "int64")
+    if isinstance(seed, np.ndarray) and seed.dtype.kind in "iu":
+        # Modulo 2**32 here: JAX without 64-bit types refuses (a list) or
+        # truncates (an array) what does not fit its int32.
+        seed = (seed.astype("int64") & 0xFFFFFFFF).astype(hash_dtype())
     seed = ops.convert_to_tensor(seed)
     if len(seed.shape) > 1 or "int" not in str(seed.dtype):
         raise ValueError(

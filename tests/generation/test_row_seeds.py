@@ -84,6 +84,21 @@ def test_uniform_with_a_seed_per_row():
     assert ((values > 0) & (values < 1)).all()
 
 
+def test_seeds_past_int32_are_taken_modulo_2_to_the_32():
+    # JAX without 64-bit types refuses such a list and truncates such an
+    # array: the seeds are reduced before they become tensors. A batch of one
+    # row draws the same under its scalar seed and under a seed per row.
+    seeds = [3_000_000_000, 2**32 - 1, -1, 2**40 + 5]
+    for given in (seeds, np.array(seeds, "int64")):
+        values = to_numpy(
+            counter_random.uniform(counter_random.seed_tensor(given), (4, 3))
+        )
+        for row, seed in enumerate(seeds):
+            scalar = counter_random.seed_tensor(seed % 2**32)
+            want = to_numpy(counter_random.uniform(scalar, (1, 3)))[0]
+            np.testing.assert_array_equal(values[row], want, err_msg=str(seed))
+
+
 @pytest.mark.parametrize(
     "seed, message",
     [
