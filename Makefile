@@ -17,7 +17,9 @@ STAMP := $(VENV)/.installed
 #   whose exports no longer trace Keras's default signatures: 12:12 (1,882
 #   passed) and 2:48 (662 passed), 15:11 in all. At e793c6c (the same
 #   kind, idle, 2026-12-05): 12:48 (1,935 passed, 4 skipped) and 3:15 (666
-#   passed), about 16:10 with the lint.
+#   passed), about 16:10 with the lint. At 191f5f6 (the same kind, idle,
+#   the same day): 14:14 (1,976 passed, 4 skipped) and 3:06 (666 passed),
+#   about 17:30 with the lint.
 #   The figures below are from before the `slow` marks of 0c54d59.
 # - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-04, 2 workers
 #   while other work shared the cores: the TensorFlow run 25:24 (1,869
