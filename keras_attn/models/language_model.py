@@ -27,6 +27,7 @@ def _seed_array(sampler, seed, rows: int | None = None):
     one int per prompt: a `(rows,)` array."""
     import random
 
+    from keras_attn.ops import counter_random
     from keras_attn.ops._hash import hash_dtype
 
     seed = getattr(sampler, "seed", None) if seed is None else seed
@@ -43,7 +44,7 @@ def _seed_array(sampler, seed, rows: int | None = None):
                     "`seed` must be one int or one per prompt. Received: "
                     f"{len(values)} seeds for {rows} prompts"
                 )
-            return (values.astype(np.int64) & 0xFFFFFFFF).astype(hash_dtype())
+            return counter_random.seed_bits(values)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         expected = "an int, one int per prompt" if rows is not None else "an int"
         raise ValueError(f"`seed` must be {expected} or None. Received: seed={seed!r}")

@@ -73,7 +73,7 @@ def seed_tensor(seed):
     if isinstance(seed, np.ndarray) and seed.dtype.kind in "iu":
         # Modulo 2**32 here: JAX without 64-bit types refuses (a list) or
         # truncates (an array) what does not fit its int32.
-        seed = (seed.astype("int64") & 0xFFFFFFFF).astype(hash_dtype())
+        seed = seed_bits(seed)
     seed = ops.convert_to_tensor(seed)
     if len(seed.shape) > 1 or "int" not in str(seed.dtype):
         raise ValueError(
@@ -81,6 +81,12 @@ def seed_tensor(seed):
             f"per row) or None. Received: seed={seed!r}"
         )
     return u32(seed)
+
+
+def seed_bits(values: np.ndarray) -> np.ndarray:
+    """Integer seeds (a NumPy array) modulo 2**32, as NumPy values of the
+    hash's dtype."""
+    return (values.astype("int64") & 0xFFFFFFFF).astype(hash_dtype())
 
 
 def row_seeds(seed) -> bool:
