@@ -55,7 +55,7 @@ PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS) --dist worksteal
 # all of them on PyTorch, so CI covers the same tests on each backend.
 BACKEND_TESTS := tests/ops tests/layers tests/generation tests/memory
 JAX_TESTS := tests/ops tests/layers/test_multi_head_attention.py tests/layers/test_grouped_query_attention.py
-JAX_MODEL_TESTS := tests/models/test_compiled_forward.py tests/models/test_generate_seeds.py tests/models/test_dtype.py tests/models/test_quantize.py tests/models/test_language_model_positions.py tests/models/test_streaming.py tests/models/test_speculative_translation.py
+JAX_MODEL_TESTS := tests/models/test_compiled_forward.py tests/models/test_generate_seeds.py tests/models/test_generate_samplers.py tests/models/test_dtype.py tests/models/test_quantize.py tests/models/test_language_model_positions.py tests/models/test_streaming.py tests/models/test_speculative_translation.py
 TORCH_TESTS := $(BACKEND_TESTS) $(JAX_MODEL_TESTS) tests/property tests/models/test_torch_backend.py tests/benchmarks/test_long_attention_bench.py
 # PyTorch's CPU build for Python 3.11 where the index offers one (pip takes
 # a local wheel of this version first); elsewhere PyPI's build, which runs on

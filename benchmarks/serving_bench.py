@@ -7,7 +7,8 @@ server, at the repository root; requests go in as `PredictRequest`s, answers
 come out as `PredictResponse`s, without the server's network layer or
 batching queue). Then:
 
-1. Sequential latency: `serving_default` on batches of 1 and 16 texts, one
+1. Sequential latency: `serving_default` (`sample` for the task
+   `language_model_sample`) on batches of 1 and 16 texts, one
    call at a time after 3 warm-up calls: p50 and p99 latency, texts per
    second. The translator's two exports (beam 4 and greedy) take turns,
    call by call, so that both see the same load.
@@ -37,6 +38,13 @@ pools that tensorflow_model_server's `--tensorflow_intra_op_parallelism` and
 before anything runs (TensorFlow makes them once per process).
 
 The process exits with status 1 if any of the "must" conditions fails.
+
+The task `language_model_sample` serves the language model export's
+`sample` signature (each prompt with its own seed, 1 to the batch size, so
+an answer is the same whenever its request is sent): the export of
+`--language-model-export` when it has one (else the task is skipped with a
+note), or the language model exported with `--sampler` (a sampler's name or
+JSON config, `keras_attn.generation.get`; default `top_k`).
 
 The exports: `--sentiment-export`, `--translator-export`,
 `--language-model-export` (model or version directories, e.g.
@@ -69,8 +77,22 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # serving_standin: test tooling, not installed
 FIXTURES = REPO / "tests" / "fixtures"
-TASKS = ("sentiment", "translator", "language_model")
-INPUT_NAMES = {"sentiment": "text", "translator": "text", "language_model": "prompt"}
+TASKS = ("sentiment", "translator", "language_model", "language_model_sample")
+INPUT_NAMES = {
+    "sentiment": "text",
+    "translator": "text",
+    "language_model": "prompt",
+    "language_model_sample": "prompt",
+}
+# A task served from another task's export, by another signature.
+SOURCES = {"language_model_sample": "language_model"}
+SIGNATURES = {"language_model_sample": "sample"}
+DEFAULT_SAMPLER = "top_k"
+
+
+def source(task: str) -> str:
+    """The task whose export and options serve `task`."""
+    return SOURCES.get(task, task)
 
 
 def fixture_texts() -> dict:
@@ -94,11 +116,14 @@ def fixture_texts() -> dict:
         "sentiment": reviews + english,
         "translator": english,
         "language_model": plays[:40],
+        "language_model_sample": plays[:40],
     }
 
 
-def smoke_export(task: str, root: Path) -> Path:
-    """The export of `examples/<script>.py --smoke` for `task`."""
+def smoke_export(task: str, root: Path, sampler: str = DEFAULT_SAMPLER) -> Path:
+    """The export of `examples/<script>.py --smoke` for `task` (the language
+    model's with `--export-sampler sampler`: `language_model_sample` serves
+    it too)."""
     reviews = root / "reviews.tsv"
     if not reviews.exists():
         rows = (FIXTURES / "movie_ground_truth.txt").read_text().splitlines()
@@ -118,9 +143,14 @@ def smoke_export(task: str, root: Path) -> Path:
             "translate.py",
             ["--pretrained", "none", "--data", FIXTURES / "de_en_pairs.tsv"],
         ),
-        "language_model": ("language_model.py", ["--data", root / "play.txt"]),
-    }[task]
-    out = root / task
+        "language_model": (
+            "language_model.py",
+            ["--data", root / "play.txt", "--export-sampler", sampler],
+        ),
+    }[source(task)]
+    out = root / source(task)
+    if (out / "export").exists():  # built for another task served from it
+        return out / "export" / source(task)
     print(f"building the {task} export: examples/{script} --smoke", flush=True)
     subprocess.run(
         [sys.executable, REPO / "examples" / script, "--smoke", *args, "--out", out],
@@ -128,7 +158,7 @@ def smoke_export(task: str, root: Path) -> Path:
         capture_output=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
-    return out / "export" / task
+    return out / "export" / source(task)
 
 
 def load_run(run: Path):
@@ -144,11 +174,17 @@ def load_run(run: Path):
 
 
 def run_export(
-    task: str, run: Path, root: Path, beam_width: int = 4, precision=None
+    task: str,
+    run: Path,
+    root: Path,
+    beam_width: int = 4,
+    precision=None,
+    sampler=DEFAULT_SAMPLER,
 ) -> Path:
     """Export a trained run of translate.py, sentiment.py or
-    language_model.py, with its defaults (the translator with `beam_width`),
-    in `precision` (None: as it is)."""
+    language_model.py, with its defaults (the translator with `beam_width`;
+    for `language_model_sample` with `sampler`), in `precision` (None: as it
+    is)."""
     model, config = load_run(run)
     suffix = "" if precision is None else f"_{precision}"
     if task == "translator":
@@ -162,6 +198,12 @@ def run_export(
         )
     if task == "language_model":
         return model.export(root, model_name=f"{task}{suffix}", precision=precision)
+    if task == "language_model_sample":  # a name or a JSON config
+        if sampler.lstrip().startswith("{"):
+            sampler = json.loads(sampler)
+        return model.export(
+            root, model_name=f"{task}{suffix}", precision=precision, sampler=sampler
+        )
     return model.export(
         root, model_name=f"{task}{suffix}", max_length=64, precision=precision
     )
@@ -220,13 +262,25 @@ def batches(texts: list, size: int, count: int) -> list:
 
 
 def ask(server, task: str, batch: list):
+    """The answer of `task`'s signature to `batch` (for `sample`, with the
+    seeds 1 to the batch size)."""
     from keras_attn.export._predict import response_arrays
     from serving_standin import predict_request
 
-    request = predict_request(
-        server.model_name, "serving_default", {INPUT_NAMES[task]: batch}
-    )
+    inputs = {INPUT_NAMES[task]: batch}
+    signature = SIGNATURES.get(task, "serving_default")
+    if signature == "sample":
+        inputs["seed"] = list(range(1, len(batch) + 1))
+    request = predict_request(server.model_name, signature, inputs)
     return response_arrays(server.predict(request))
+
+
+def has_sample_signature(export: Path) -> bool:
+    """Whether the export (a model or version directory) has a `sample`
+    signature, as its keras_attn metadata says."""
+    for metadata in sorted(Path(export).rglob("assets.extra/keras_attn.json")):
+        return "sample" in json.loads(metadata.read_text()).get("signatures", {})
+    return False
 
 
 def same(got: dict, want: dict) -> bool:
@@ -356,6 +410,13 @@ def main():
     parser.add_argument("--max-memory-growth", type=float, default=0.05)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument(
+        "--sampler",
+        default=DEFAULT_SAMPLER,
+        help="the sampler of the `sample` signature the language model is "
+        "exported with here (a name or a JSON config; "
+        "keras_attn.generation.get)",
+    )
+    parser.add_argument(
         "--intra-op-threads",
         type=int,
         default=0,
@@ -391,7 +452,7 @@ def main():
         )
 
     texts = fixture_texts()
-    failures = []
+    failures, notes = [], []
     sequential_rows, load_rows, memory_rows, size_rows = [], [], [], []
     work = {}  # batch size -> useful FLOPs of the sentiment batch timed
     peaks = {"float32": matmul_peak("float32")}
@@ -400,19 +461,29 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for task in tasks:
-            export = getattr(args, f"{task}_export")
-            run = getattr(args, f"{task}_run", None)
+            export = getattr(args, f"{source(task)}_export")
+            run = getattr(args, f"{source(task)}_run", None)
             exports = {}
             if run is not None and args.precisions:
                 for precision in args.precisions.split(","):
                     exports[f"{task} {precision}"] = run_export(
-                        task, Path(run), root / "runs", precision=precision
-                    )
+                        task, Path(run), root / "runs", precision=precision,
+                        sampler=args.sampler,
+                    )  # fmt: skip
                 export = next(iter(exports.values()))
             if export is None and run is not None:
-                export = run_export(task, Path(run), root / "runs")
+                export = run_export(
+                    task, Path(run), root / "runs", sampler=args.sampler
+                )
             if export is None:
-                export = smoke_export(task, root)
+                export = smoke_export(task, root, args.sampler)
+            if task in SIGNATURES and not has_sample_signature(export):
+                notes.append(
+                    f"{task} skipped: {export} has no `{SIGNATURES[task]}` "
+                    "signature (export the language model with a sampler)"
+                )
+                print(notes[-1], flush=True)
+                continue
             server = serve(export)
             variants = [(task, server)]
             if exports:  # one export per precision
@@ -492,7 +563,10 @@ def main():
         f"Session threads: intra-op {args.intra_op_threads or 'auto'}, "
         f"inter-op {args.inter_op_threads or 'auto'} ({os.cpu_count()} cores)"
     )
-    print("\nSequential (one call at a time, serving_default):\n")
+    print(
+        "\nSequential (one call at a time, serving_default; "
+        "language_model_sample: sample):\n"
+    )
     print(
         "| export | batch | p50 ms | p99 ms | texts/s | useful GFLOP/s | "
         "share of the matmul peak |\n|---|---:|---:|---:|---:|---:|---:|"
@@ -511,7 +585,7 @@ def main():
         print("\n| export | variables MB |\n|---|---:|")
         for name, size in size_rows:
             print(f"| {name} | {size / 1e6:.1f} |")
-    print(f"\nUnder load ({args.seconds:g} s per row, serving_default):\n")
+    print(f"\nUnder load ({args.seconds:g} s per row, the same signatures):\n")
     print(
         "| export | threads | batch | texts/s | p50 ms | p99 ms | errors | "
         "differing |\n|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -530,6 +604,8 @@ def main():
     )
     for task, before, after, growth in memory_rows:
         print(f"| {task} | {before / 1e6:.0f} | {after / 1e6:.0f} | {growth:+.1%} |")
+    if notes:
+        print("\n" + "\n".join(notes))
     if failures:
         print("\nFAILED:\n" + "\n".join(failures))
         sys.exit(1)

@@ -595,6 +595,16 @@ def language_model_args(argv=None):
         "scores the validation text once per --cache-theta value); the export's "
         "score signature then uses the model alone",
     )
+    parser.add_argument(
+        "--export-sampler",
+        default=None,
+        metavar="SAMPLER",
+        help="add a `sample` signature to the export (prompt and one seed per "
+        "prompt in, a sampled completion out): a sampler's name (top_k, top_p, "
+        "random) or its config as JSON, for example "
+        '\'{"class_name": "top_k", "config": {"k": 10, "temperature": 0.8}}\' '
+        "(keras_attn.generation.get); default: none, `serving_default` only",
+    )
     parser.add_argument("--weight-decay", type=float, default=recipe["weight_decay"])
     parser.add_argument("--warmup-steps", type=int, default=recipe["warmup_steps"])
     parser.add_argument(
@@ -627,9 +637,37 @@ def language_model_args(argv=None):
         )
     if args.cache_window < 0:
         parser.error(f"--cache-window must be >= 0. Received: {args.cache_window}")
+    if args.export_sampler is not None:
+        if args.no_export:
+            parser.error(
+                "--export-sampler adds a signature to the export. Received: "
+                "--export-sampler with --no-export"
+            )
+        try:
+            export_sampler(args)
+        except ValueError as error:
+            parser.error(f"--export-sampler: {error}")
     if args.eval_stride == 0:  # windows that do not overlap
         args.eval_stride = args.sequence_length
     return args
+
+
+def export_sampler(args):
+    """The sampler of `--export-sampler` (a name or a JSON config; checked
+    as the export checks it), or None."""
+    import json
+
+    from keras_attn.export.language_model import check_export_sampler
+
+    value = args.export_sampler
+    if value is None:
+        return None
+    if value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not a JSON config ({error}): {value!r}") from None
+    return check_export_sampler(value)
 
 
 def check_assistant_options(parser, args) -> None:

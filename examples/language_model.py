@@ -13,7 +13,8 @@ windows that do not overlap, as in training, or strided ones
 the validation text (docs/LANGUAGE_MODEL.md). Writes to --out: vocab/,
 checkpoints/, backup/, logs/, model.keras (with its tokenizer), preset/
 (keras-hub's layout), metrics.json, plots/, samples.txt and the TF Serving export under
-export/language_model/<version>/ (its `score` mixes in the chosen cache).
+export/language_model/<version>/ (its `score` mixes in the chosen cache;
+`--export-sampler top_k` adds a `sample` signature).
 """
 
 from __future__ import annotations
@@ -242,6 +243,7 @@ def main(argv=None) -> dict:
             _cli.export_base(args, out),
             max_new_tokens=min(64, args.sequence_length // 2),
             continuous_cache=cache,
+            sampler=_options.export_sampler(args),
         )
 
     def test_figures(copy):  # a copy of the model in another precision
@@ -261,6 +263,7 @@ def main(argv=None) -> dict:
             model_name=model_name,
             max_new_tokens=min(64, args.sequence_length // 2),
             continuous_cache=cache,
+            sampler=_options.export_sampler(args),
         )
 
     if args.export_precision:

@@ -105,12 +105,14 @@ def language_model_serving_fns(
 
 def check_export_sampler(sampler):
     """`sampler` if it is None or a keras_attn.generation sampler that
-    draws at random (what the `sample` signature decodes with), else a
-    `ValueError`."""
+    draws at random (what the `sample` signature decodes with; a name or a
+    config: `generation.get`'s sampler), else a `ValueError`."""
     from keras_attn import generation
 
     if sampler is None:
         return None
+    if isinstance(sampler, (str, dict)):  # a name or a config: `generation.get`
+        sampler = generation.get(sampler)
     if not isinstance(sampler, generation.Sampler) or isinstance(
         sampler, (generation.GreedySampler, generation.BeamSampler)
     ):
@@ -150,7 +152,7 @@ def language_model_serving_spec(
     from keras_attn import _validation as v
 
     check_continuous_cache(continuous_cache)
-    check_export_sampler(sampler)
+    sampler = check_export_sampler(sampler)
     assistant_model = model._assistant(assistant_model)  # None: the model's own
     if context_length is None:
         context_length = model.sequence_length

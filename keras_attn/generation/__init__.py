@@ -13,7 +13,8 @@ with the batch on axis 0, a scalar int32 `index`; logits `(B, vocab)` or
 SavedModel. See `Sampler` for the full contract. `speculative_greedy_search`
 and `speculative_sample` check several guessed tokens per `next_fn` call (a
 `(B,)` index there). `WeightsReadOnce` reads and casts a loop's weights once
-per call rather than at every step.
+per call rather than at every step. `get`, `serialize` and `deserialize`
+make samplers from names and configs, as `keras_hub.samplers` does.
 """
 
 from keras_attn.generation.beam_sampler import BeamSampler, length_penalty
@@ -21,6 +22,7 @@ from keras_attn.generation.decoding import beam_search, greedy_search, sample
 from keras_attn.generation.greedy_sampler import GreedySampler
 from keras_attn.generation.random_sampler import RandomSampler
 from keras_attn.generation.sampler import Sampler
+from keras_attn.generation.serialization import deserialize, get, serialize
 from keras_attn.generation.speculative import (
     DraftModelProposer,
     PromptLookupProposer,
@@ -42,9 +44,12 @@ __all__ = [
     "TopPSampler",
     "WeightsReadOnce",
     "beam_search",
+    "deserialize",
+    "get",
     "greedy_search",
     "length_penalty",
     "sample",
+    "serialize",
     "speculative_greedy_search",
     "speculative_sample",
 ]

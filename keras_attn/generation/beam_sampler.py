@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 
+import keras
 from keras import ops
 
 from keras_attn import _validation as v
@@ -27,6 +28,7 @@ def length_penalty(length, alpha: float):
     return ops.power((5.0 + length) / 6.0, alpha)
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
 class BeamSampler(base.Sampler):
     """Beam search over a cache, batched: `batch * beam_width` rows per step.
 

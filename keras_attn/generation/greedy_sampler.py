@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import keras
 from keras import ops
 
 from keras_attn.generation.sampler import Sampler, keep_most_probable
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
 class GreedySampler(Sampler):
     """Greedy search: `argmax` of the next-token distribution at every step.
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import keras
+
 from keras_attn.generation.sampler import Sampler
 from keras_attn.ops import counter_random
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
 class RandomSampler(Sampler):
     """Ancestral sampling from `softmax(logits / temperature)`.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keras
 from keras import ops
 
 from keras_attn import _validation as v
@@ -9,6 +10,7 @@ from keras_attn.generation.sampler import Sampler, keep_most_probable, top_k
 from keras_attn.ops import counter_random
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
 class TopKSampler(Sampler):
     """Top-k sampling (Fan et al., 2018): renormalise over the `k` best tokens.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 
+import keras
 from keras import ops
 
 from keras_attn import _validation as v
@@ -11,6 +12,7 @@ from keras_attn.generation.sampler import CUT, Sampler, keep_most_probable, top_
 from keras_attn.ops import counter_random
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
 class TopPSampler(Sampler):
     """Top-p (nucleus) sampling (Holtzman et al., 2019).
 

@@ -51,6 +51,20 @@ def _seed_array(sampler, seed, rows: int | None = None):
     return np.asarray(int(seed) & 0xFFFFFFFF, hash_dtype())
 
 
+def _sampler(sampler):
+    """`sampler` as the decodings take it: `"greedy"` as it is, another
+    sampler name or a config the sampler of `keras_attn.generation.get`
+    (`"top_k"`, `{"class_name": "top_p", "config": {"p": 0.9}}`), anything
+    else as it is (checked where it is used)."""
+    if isinstance(sampler, str) and sampler == "greedy":
+        return sampler
+    if isinstance(sampler, (str, dict)) or (
+        isinstance(sampler, type) and issubclass(sampler, generation.Sampler)
+    ):
+        return generation.get(sampler)
+    return sampler
+
+
 def _stop_length(prompt, prompt_lengths, max_length, max_new_tokens, sampler):
     """Where `generate_ids` stops decoding: `max_length`, or with
     `max_new_tokens` the longest prompt's end plus that many tokens (at most
@@ -328,7 +342,12 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
 
         `sampler`: `"greedy"` or a `keras_attn.generation` sampler instance
         (`TopKSampler(k=10, temperature=0.8)`, `TopPSampler`, `BeamSampler`,
-        ...); `seed` fixes a random sampler's draws.
+        ...), or its name or config as keras-hub takes them (`"top_k"`,
+        `{"class_name": "top_k", "config": {"k": 10}}`:
+        `keras_attn.generation.get`); `seed` fixes a random sampler's draws.
+        Samplers of keras-attn's classes with the same config share one
+        compiled decoding, so a sampler made anew at every call costs no
+        new trace; one of a class of your own is compiled per instance.
 
         `assistant_model`: speculative decoding, fewer forward passes of this
         model for the same result: a smaller `TransformerLanguageModel` on
@@ -341,12 +360,14 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         uses the model's own `assistant_model`; False decodes without one.
         """
         prompt = ops.convert_to_tensor(prompt, "int32")
+        sampler = _sampler(sampler)
         assistant_model = self._assistant(assistant_model, sampler)
         if sampler == "greedy":
             sampler = generation.GreedySampler()
         if assistant_model is None and not isinstance(sampler, generation.Sampler):
             raise ValueError(
-                "`sampler` must be 'greedy' or a keras_attn.generation sampler. "
+                "`sampler` must be 'greedy', a keras_attn.generation sampler, "
+                "its name or its config. "
                 f"Received: sampler={sampler!r}"
             )
         stop = _stop_length(prompt, prompt_lengths, max_length, max_new_tokens, sampler)
@@ -569,6 +590,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         """
         preprocessor = self._text_preprocessor(None, "generate")
         prompts = _task.text_list("prompts", prompts)
+        sampler = _sampler(sampler)
         keep = self.prompt_room(max_new_tokens, self.sequence_length)
         seeds = None  # one per prompt, or one `seed` for every batch
         if seed is not None and not isinstance(seed, (int, np.integer)):
@@ -682,6 +704,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
         scalar or `(B,)` (one seed per row: the export's `sample`)."""
         import tensorflow as tf
 
+        sampler = _sampler(sampler)
         assistant_model = self._assistant(assistant_model, sampler)
         if assistant_model is None:
             assistant_model = False  # resolved: none, not the model's own
@@ -773,7 +796,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
 
         prompt = streaming.check_one_text("prompt", prompt)
         chunk_size = streaming.check_chunk_size(chunk_size)
-        sampler = self._stream_sampler(sampler)
+        sampler = self._stream_sampler(_sampler(sampler))
         seed = _seed_array(sampler, seed)
         preprocessor = self._text_preprocessor(None, "stream")
         context = self.sequence_length
@@ -814,7 +837,8 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             )
         if not isinstance(sampler, generation.Sampler):
             raise ValueError(
-                "`sampler` must be 'greedy' or a keras_attn.generation sampler. "
+                "`sampler` must be 'greedy', a keras_attn.generation sampler, "
+                "its name or its config. "
                 f"Received: sampler={sampler!r}"
             )
         return sampler
@@ -857,11 +881,12 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
 
         from keras_attn.ops._hash import hash_dtype
 
-        key = ("stream", width, total, id(sampler))
+        sampler_key, depends = generation.serialization.compile_key(sampler)
+        key = ("stream", width, total, sampler_key)
         start = self.make_generate_function(
             (*key, "start"),
             build_start,
-            depends=(sampler,),
+            depends=depends,
             signature=[
                 ([1, width], "int32"),
                 ([1], "int32"),
@@ -870,7 +895,7 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
             ],
         )
         advance = self.make_generate_function(
-            (*key, "advance"), build_advance, depends=(sampler,)
+            (*key, "advance"), build_advance, depends=depends
         )
         return start, advance
 
@@ -903,11 +928,12 @@ class TransformerLanguageModel(BackboneTask, GenerativeTask, keras.Model):
 
         draft = assistant_model if isinstance(assistant_model, keras.Model) else None
         seed_shape = [None] if row_seeds else []
+        sampler_key, depends = generation.serialization.compile_key(sampler)
         return self.make_generate_function(
-            ("generation", width, total, id(sampler), bool(row_seeds),
+            ("generation", width, total, sampler_key, bool(row_seeds),
              id(assistant_model), num_speculative_tokens, max_new_tokens),
             build,
-            depends=(sampler, assistant_model),
+            depends=(*depends, assistant_model),
             signature=[
                 ([None, width], "int32"), ([None], "int32"), (seed_shape, hash_dtype())
             ],

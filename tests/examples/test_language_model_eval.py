@@ -84,6 +84,8 @@ def test_smoke_run_records_strided_and_nonoverlapping_figures_and_exports_the_ca
         "0.1,0.3",
         "--verbose",
         1,
+        "--export-sampler",
+        '{"class_name": "top_k", "config": {"k": 10, "temperature": 0.8}}',
         "--out",
         out,
     )
@@ -143,6 +145,22 @@ def test_smoke_run_records_strided_and_nonoverlapping_figures_and_exports_the_ca
         "window": None,
     }
     assert "model_log_likelihood" in metadata["signatures"]["score"]["outputs"]
+    # --export-sampler: a `sample` signature with that sampler (the script
+    # checked the export with it, warmup records included).
+    assert metadata["sampler"] == {
+        "class": "TopKSampler",
+        "config": {"temperature": 0.8, "k": 10},
+    }
+    assert set(metadata["signatures"]["sample"]["inputs"]) == {"prompt", "seed"}
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
+
+    sample = tf.saved_model.load(str(export)).signatures["sample"]
+    prompts = tf.constant(["KING:", "KING:", "ROMEO:"])
+    first = sample(prompt=prompts, seed=tf.constant([7, 7, 8], tf.int64))["completion"]
+    again = sample(prompt=prompts, seed=tf.constant([7, 7, 8], tf.int64))["completion"]
+    assert first.numpy().tolist() == again.numpy().tolist()
+    assert first[0] == first[1]  # the same prompt and seed in two rows
     # model.keras loads with its compile config where only keras_attn is
     # imported, and generates (its context of 32 tokens: the default
     # max_new_tokens fits it) and scores.
@@ -164,6 +182,35 @@ def test_cache_options_parse_and_bad_values_are_refused(capsys):
         (["--cache-lambda", "0.5,1"], "--cache-lambda values must be in [0, 1)"),
         (["--cache-window", "-1"], "--cache-window must be >= 0. Received: -1"),
         (["--cache-theta", "a"], "expected comma-separated floats. Received: 'a'"),
+    ]:
+        with pytest.raises(SystemExit):
+            script.parse_args(argv)
+        assert message in capsys.readouterr().err, argv
+
+
+def test_export_sampler_option(capsys):
+    script = load_script("language_model")
+    assert script.parse_args([]).export_sampler is None
+    for value, kind in [
+        ("top_k", "TopKSampler"),
+        ("top_p", "TopPSampler"),
+        ('{"class_name": "top_k", "config": {"k": 10}}', "TopKSampler"),
+    ]:
+        args = script.parse_args(["--export-sampler", value])
+        assert type(script._options.export_sampler(args)).__name__ == kind
+    assert script._options.export_sampler(script.parse_args([])) is None
+    for argv, message in [
+        (["--export-sampler", "top_kk"], "one of ['beam', 'greedy', 'random'"),
+        (["--export-sampler", "greedy"], "greedy decoding is `serving_default`"),
+        (["--export-sampler", "{'k': 1}"], "not a JSON config"),
+        (
+            ["--export-sampler", '{"class_name": "top_k", "config": {"k": 0}}'],
+            "`k` must be a positive int",
+        ),
+        (
+            ["--export-sampler", "top_k", "--no-export"],
+            "--export-sampler with --no-export",
+        ),
     ]:
         with pytest.raises(SystemExit):
             script.parse_args(argv)

@@ -6,6 +6,10 @@ requests it is batched with; servable (its int64 input in the sample and
 warmup requests and the REST examples); speculative sampling with a draft."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ import tensorflow as tf
 from keras_attn import generation
 from keras_attn.export import check_servable
 from keras_attn.models import TransformerLanguageModel
+from tests.test_case import REPO_ROOT
 
 pytestmark = pytest.mark.tf_only
 
@@ -144,13 +149,66 @@ def test_without_a_sampler_there_is_no_sample_signature(small_tokenizer, tmp_pat
 
 @pytest.mark.parametrize(
     "bad",
-    ["greedy", "top_k", generation.GreedySampler(), generation.BeamSampler(2)],
+    [
+        "greedy",
+        "beam",
+        {"class_name": "beam", "config": {"beam_width": 2}},
+        generation.GreedySampler(),
+        generation.BeamSampler(2),
+    ],
 )
 def test_a_sampler_that_does_not_draw_is_refused(small_tokenizer, tmp_path, bad):
     model = language_model(small_tokenizer)
     with pytest.raises(ValueError, match=r"`sampler` must be a keras_attn\.generation"):
         model.export(tmp_path, max_new_tokens=3, sampler=bad)
+    with pytest.raises(ValueError, match=r"one of \['beam'.*Received: sampler='bean'"):
+        model.export(tmp_path, max_new_tokens=3, sampler="bean")
     assert not any(tmp_path.iterdir())
+
+
+def test_serving_bench_times_the_sample_signature(exported, tmp_path):
+    """`serving_bench.py`'s `language_model_sample` task: the export's
+    `sample` signature under load, every answer the one its request got
+    alone (the seeds are part of the request)."""
+    _, path = exported
+    done = subprocess.run(
+        [
+            sys.executable, os.path.join(REPO_ROOT, "benchmarks", "serving_bench.py"),
+            "--tasks", "language_model_sample",
+            "--language-model-export", str(path),
+            "--threads", "2", "--batch-sizes", "1,4",
+            "--seconds", "0.5", "--calls", "2",
+            "--rounds", "1", "--warmup-rounds", "1",
+        ],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for size in (1, 16):  # sequential
+        assert re.search(
+            rf"\| language_model_sample \| {size} \| [0-9.]+ \|", done.stdout
+        )
+    for size in (1, 4):  # two clients at once: no errors, the answers sent alone
+        row = re.search(
+            rf"^\| language_model_sample \| 2 \| {size} \| .*$", done.stdout, re.M
+        )
+        assert row and row.group(0).rstrip().endswith("| 0 | 0 |"), done.stdout
+
+
+def test_serving_bench_skips_sample_without_the_signature(exported, tmp_path):
+    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+    try:
+        import serving_bench
+    finally:
+        sys.path.pop(0)
+    _, path = exported
+    assert serving_bench.has_sample_signature(path)
+    assert serving_bench.has_sample_signature(path.parent)  # the model directory
+    other = tmp_path / "1" / "assets.extra"
+    other.mkdir(parents=True)
+    (other / "keras_attn.json").write_text(
+        json.dumps({"signatures": {"serving_default": {}, "score": {}}})
+    )
+    assert not serving_bench.has_sample_signature(tmp_path)
 
 
 def test_sample_with_a_draft_is_speculative_sampling(small_tokenizer, tmp_path):

@@ -37,8 +37,9 @@ def test_cache_equals_full_pass_and_generates():
     tokens = to_numpy(model.generate_ids(TOKENS[:, :3], 12, end_token_id=None))
     assert tokens.shape == (2, 12)
     np.testing.assert_array_equal(tokens[:, :3], TOKENS[:, :3])
-    # The first generated token is the argmax of the full pass's last logits.
-    np.testing.assert_array_equal(tokens[:, 3], full[:, 2].argmax(-1))
+    # The first generated token is the argmax of the full pass's last logits
+    # among the ids other than padding (0), which decoding never picks.
+    np.testing.assert_array_equal(tokens[:, 3], full[:, 2, 1:].argmax(-1) + 1)
     sampled = model.generate_ids(
         TOKENS[:, :3], 8, sampler=generation.TopKSampler(k=3), seed=4
     )
@@ -46,8 +47,20 @@ def test_cache_equals_full_pass_and_generates():
         TOKENS[:, :3], 8, sampler=generation.TopKSampler(k=3), seed=4
     )
     np.testing.assert_array_equal(to_numpy(sampled), to_numpy(again))
-    with pytest.raises(ValueError, match="Received: sampler='beam'"):
-        model.generate_ids(TOKENS, 8, sampler="beam")
+    # A sampler's name or config, as keras-hub takes them.
+    named = model.generate_ids(TOKENS[:, :3], 8, sampler="top_k", seed=4)
+    configured = model.generate_ids(
+        TOKENS[:, :3], 8, sampler={"class_name": "top_k", "config": {"k": 3}}, seed=4
+    )
+    np.testing.assert_array_equal(to_numpy(configured), to_numpy(sampled))
+    by_instance = model.generate_ids(
+        TOKENS[:, :3], 8, sampler=generation.TopKSampler(), seed=4
+    )
+    np.testing.assert_array_equal(to_numpy(named), to_numpy(by_instance))
+    with pytest.raises(ValueError, match=r"one of \['beam'.*Received: sampler='bean'"):
+        model.generate_ids(TOKENS, 8, sampler="bean")
+    with pytest.raises(ValueError, match="`sampler` must be 'greedy', a keras_attn"):
+        model.generate_ids(TOKENS, 8, sampler=3)
 
 
 @pytest.mark.parametrize(

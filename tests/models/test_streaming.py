@@ -300,8 +300,10 @@ def test_stream_refuses_bad_arguments(lm):
         lm.stream(["a", "b"])
     with pytest.raises(ValueError, match=r"beam search.*cannot stream"):
         lm.stream("a", sampler=generation.BeamSampler(beam_width=2))
-    with pytest.raises(ValueError, match="`sampler` must be 'greedy'"):
-        lm.stream("a", sampler="top_k")
+    with pytest.raises(ValueError, match="`sampler` must be 'greedy', a keras_attn"):
+        lm.stream("a", sampler=0.5)
+    with pytest.raises(ValueError, match=r"beam search.*cannot stream"):
+        lm.stream("a", sampler="beam")
     with pytest.raises(ValueError, match=r"`chunk_size`.*Received: chunk_size=0"):
         lm.stream("a", chunk_size=0)
     with pytest.raises(ValueError, match="`seed` must be an int or None"):
