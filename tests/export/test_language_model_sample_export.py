@@ -166,6 +166,7 @@ def test_a_sampler_that_does_not_draw_is_refused(small_tokenizer, tmp_path, bad)
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # a benchmark run in a process of its own
 def test_serving_bench_times_the_sample_signature(exported, tmp_path):
     """`serving_bench.py`'s `language_model_sample` task: the export's
     `sample` signature under load, every answer the one its request got
@@ -211,6 +212,10 @@ def test_serving_bench_skips_sample_without_the_signature(exported, tmp_path):
     assert not serving_bench.has_sample_signature(tmp_path)
 
 
+# Slow (about a minute: the export traces speculative sampling): the greedy
+# draft export runs by default (test_language_model_export.py) and
+# speculative sampling in process on every backend (tests/generation).
+@pytest.mark.slow
 def test_sample_with_a_draft_is_speculative_sampling(small_tokenizer, tmp_path):
     """The draft's weights in the SavedModel, the completions those of
     speculative sampling in process for the same seeds."""

@@ -124,6 +124,9 @@ FRESH = """
 """
 
 
+# Slow (a fresh process loading two artifacts): the language model's draft
+# loads the same way by default (test_language_model_assistant.py).
+@pytest.mark.slow
 def test_model_keras_and_presets_load_with_the_draft_in_a_fresh_process(
     models, tmp_path
 ):
