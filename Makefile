@@ -20,6 +20,12 @@ STAMP := $(VENV)/.installed
 #   passed), about 16:10 with the lint. At 191f5f6 (the same kind, idle,
 #   the same day): 14:14 (1,976 passed, 4 skipped) and 3:06 (666 passed),
 #   about 17:30 with the lint.
+# - Intel Xeon with AMX (machine A), 2026-12-05, from a clean clone: at
+#   126f659 inside `.ci/run` the TensorFlow run took 20:06 (2,005 passed,
+#   4 skipped; a one-minute benchmark ran beside it) and JAX 3:25; at
+#   432f96e, with three more tests marked `slow`, idle: 12:51 (2,000
+#   passed, 4 skipped) and 3:09 (666 passed), 17:00 in all with the venv
+#   and the lint.
 #   The figures below are from before the `slow` marks of 0c54d59.
 # - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-04, 2 workers
 #   while other work shared the cores: the TensorFlow run 25:24 (1,869
