@@ -1,15 +1,17 @@
 """Where a served request's time goes, and two exports of one task compared.
 
-    .venv/bin/python benchmarks/serving_profile.py profile EXPORT [--batch 1]
+    .venv/bin/python benchmarks/serving_profile.py profile EXPORT [--batch 1] \
+        [--signature serving_default]
     .venv/bin/python benchmarks/serving_profile.py compare BEFORE AFTER [--calls 80]
     .venv/bin/python benchmarks/serving_profile.py floor [--rows 16]
     .venv/bin/python benchmarks/serving_profile.py threads EXPORT \
         [--settings 0:0,1:1,1:2,2:1] [--rounds 3]
 
 `profile` loads a version directory as TF Serving loads it (the TF1 loader,
-`serve` tag, one session), calls `serving_default` with real sentences
-(the movie-review test split for a sentiment export, the translation
-fixture's English otherwise), then traces 10 calls
+`serve` tag, one session), calls `serving_default` (or `--signature`; an
+integer input, the language model's `sample` seeds, gets 1 to the batch
+size) with real sentences (the movie-review test split for a sentiment
+export, the translation fixture's English otherwise), then traces 10 calls
 (`RunOptions(trace_level=FULL_TRACE)`) and prints the p50 latency, the ops
 run per call and the 25 costliest op types with their time per call.
 
@@ -72,9 +74,14 @@ def texts_for(task: str) -> list:
     return [line.split("\t")[0] for line in lines if line.strip()]
 
 
-def _session(export, intra_op_threads: int = 0, inter_op_threads: int = 0):
+def _session(
+    export,
+    intra_op_threads: int = 0,
+    inter_op_threads: int = 0,
+    signature: str = "serving_default",
+):
     """`(session, signature_def)`: the export loaded as TF Serving loads it,
-    in a session with these thread pools."""
+    in a session with these thread pools, and its `signature`."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  the tokenizers' kernels
 
@@ -85,18 +92,44 @@ def _session(export, intra_op_threads: int = 0, inter_op_threads: int = 0):
         config=session_config(intra_op_threads, inter_op_threads)
     )
     graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(export))
-    return session, graph.signature_def["serving_default"]
+    served = sorted(name for name in graph.signature_def if not name.startswith("__"))
+    if signature not in served:  # not the SavedModel's own `__saved_model_init_op`
+        raise SystemExit(
+            f"--signature must be one of {served}. Received: {signature!r}"
+        )
+    return session, graph.signature_def[signature]
+
+
+def feed_for(signature, texts: list) -> dict:
+    """The feed of one request of `texts`: each string input gets the
+    texts, an integer input (the language model's `sample` seeds) the
+    seeds 1 to the batch size."""
+    import tensorflow as tf
+
+    feed = {}
+    for info in signature.inputs.values():
+        if info.dtype == tf.string.as_datatype_enum:
+            feed[info.name] = np.array(texts, dtype=object)
+        else:
+            feed[info.name] = np.arange(1, len(texts) + 1, dtype=np.int64)
+    return feed
 
 
 def profile(
-    export, batch: int, calls: int = 30, intra_op_threads=0, inter_op_threads=0
+    export,
+    batch: int,
+    calls: int = 30,
+    intra_op_threads=0,
+    inter_op_threads=0,
+    signature_name: str = "serving_default",
 ) -> None:
     import tensorflow as tf
 
-    session, signature = _session(export, intra_op_threads, inter_op_threads)
-    name = next(iter(signature.inputs.values())).name
+    session, signature = _session(
+        export, intra_op_threads, inter_op_threads, signature_name
+    )
     outputs = [value.name for value in signature.outputs.values()]
-    feed = {name: np.array(texts_for(task_of(export))[:batch], dtype=object)}
+    feed = feed_for(signature, texts_for(task_of(export))[:batch])
     for _ in range(5):
         session.run(outputs, feed)
     seconds = []
@@ -104,7 +137,10 @@ def profile(
         start = time.perf_counter()
         session.run(outputs, feed)
         seconds.append(time.perf_counter() - start)
-    print(f"{export}: batch {batch}, p50 {np.median(seconds) * 1e3:.1f} ms")
+    print(
+        f"{export} ({signature_name}): batch {batch}, "
+        f"p50 {np.median(seconds) * 1e3:.1f} ms"
+    )
     micros, counts, traced = collections.Counter(), collections.Counter(), 10
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     for _ in range(traced):
@@ -189,7 +225,6 @@ def time_session(export, intra_op_threads: int, inter_op_threads: int, calls: in
     """One setting, in this process: `{"p50_ms": {batch: ms}, "answers": [...]}`
     for batches of 1 and 16 texts, after 3 warm-up calls each."""
     session, signature = _session(export, intra_op_threads, inter_op_threads)
-    name = next(iter(signature.inputs.values())).name
     outputs = sorted(signature.outputs)
     fetches = [signature.outputs[key].name for key in outputs]
     texts = texts_for(task_of(export))
@@ -201,7 +236,7 @@ def time_session(export, intra_op_threads: int, inter_op_threads: int, calls: in
         ]
         seconds = []
         for index, batch_texts in enumerate(pool):
-            feed = {name: np.array(batch_texts, dtype=object)}
+            feed = feed_for(signature, batch_texts)
             start = time.perf_counter()
             found = session.run(fetches, feed)
             if index >= 3:
@@ -322,6 +357,12 @@ def main():
     one = commands.add_parser("profile")
     one.add_argument("export")
     one.add_argument("--batch", type=int, default=1)
+    one.add_argument(
+        "--signature",
+        default="serving_default",
+        help="the signature to profile (a language model's `sample`: its "
+        "seeds are 1 to the batch size)",
+    )
     one.add_argument("--intra-op-threads", type=int, default=0)
     one.add_argument("--inter-op-threads", type=int, default=0)
     two = commands.add_parser("compare")
@@ -350,6 +391,7 @@ def main():
             args.batch,
             intra_op_threads=args.intra_op_threads,
             inter_op_threads=args.inter_op_threads,
+            signature_name=args.signature,
         )
     elif args.command == "threads":
         threads(args.export, parse_settings(args.settings), args.rounds, args.calls)

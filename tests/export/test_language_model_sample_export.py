@@ -235,3 +235,26 @@ def test_sample_with_a_draft_is_speculative_sampling(small_tokenizer, tmp_path):
         num_speculative_tokens=3,
     )  # fmt: skip
     assert served(path, PROMPTS[1:2], SEEDS[1:2]) == got[1:2]
+
+
+@pytest.mark.slow  # two profiler runs in processes of their own
+def test_serving_profile_profiles_the_sample_signature(exported):
+    _, path = exported
+    script = os.path.join(REPO_ROOT, "benchmarks", "serving_profile.py")
+
+    def run(*arguments):
+        return subprocess.run(
+            [sys.executable, script, "profile", str(path), *arguments],
+            capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+        )  # fmt: skip
+
+    done = run("--batch", "4", "--signature", "sample")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"\(sample\): batch 4, p50 [0-9.]+ ms", done.stdout)
+    assert re.search(r"^ops per call: [0-9]+ \(traced\)$", done.stdout, re.M)
+    bad = run("--signature", "sampel")
+    assert bad.returncode != 0
+    assert "--signature must be one of ['sample', 'score', 'serving_default']" in (
+        bad.stderr
+    )
+    assert "Received: 'sampel'" in bad.stderr
