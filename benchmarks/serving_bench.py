@@ -275,11 +275,11 @@ def ask(server, task: str, batch: list):
     return response_arrays(server.predict(request))
 
 
-def has_sample_signature(export: Path) -> bool:
-    """Whether the export (a model or version directory) has a `sample`
-    signature, as its keras_attn metadata says."""
+def has_signature(export: Path, name: str) -> bool:
+    """Whether the export (a model or version directory) has the signature
+    `name`, as its keras_attn metadata says."""
     for metadata in sorted(Path(export).rglob("assets.extra/keras_attn.json")):
-        return "sample" in json.loads(metadata.read_text()).get("signatures", {})
+        return name in json.loads(metadata.read_text()).get("signatures", {})
     return False
 
 
@@ -477,7 +477,7 @@ def main():
                 )
             if export is None:
                 export = smoke_export(task, root, args.sampler)
-            if task in SIGNATURES and not has_sample_signature(export):
+            if task in SIGNATURES and not has_signature(export, SIGNATURES[task]):
                 notes.append(
                     f"{task} skipped: {export} has no `{SIGNATURES[task]}` "
                     "signature (export the language model with a sampler)"

@@ -237,13 +237,13 @@ def main(argv=None) -> dict:
     samples = [prompt + more for prompt, more in zip(prompts, texts, strict=True)]
     Path(out / "samples.txt").write_text("\n\n---\n\n".join(samples) + "\n")
     plots = save_language_model_plots(model, splits.test[0].text, out / "plots")
-    export_dir = None
+    export_dir, sample_with = None, _options.export_sampler(args)  # or None
     if not args.no_export:  # its `score` uses the cache chosen on validation
         export_dir = model.export(
             _cli.export_base(args, out),
             max_new_tokens=min(64, args.sequence_length // 2),
             continuous_cache=cache,
-            sampler=_options.export_sampler(args),
+            sampler=sample_with,
         )
 
     def test_figures(copy):  # a copy of the model in another precision
@@ -263,7 +263,7 @@ def main(argv=None) -> dict:
             model_name=model_name,
             max_new_tokens=min(64, args.sequence_length // 2),
             continuous_cache=cache,
-            sampler=_options.export_sampler(args),
+            sampler=sample_with,
         )
 
     if args.export_precision:

@@ -105,13 +105,14 @@ def language_model_serving_fns(
 
 def check_export_sampler(sampler):
     """`sampler` if it is None or a keras_attn.generation sampler that
-    draws at random (what the `sample` signature decodes with; a name or a
-    config: `generation.get`'s sampler), else a `ValueError`."""
+    draws at random (what the `sample` signature decodes with; a name, a
+    config or a class: `generation.get`'s sampler, as the language model's
+    decodings take them), else a `ValueError`."""
     from keras_attn import generation
 
     if sampler is None:
         return None
-    if isinstance(sampler, (str, dict)):  # a name or a config: `generation.get`
+    if not isinstance(sampler, generation.Sampler):  # a name, config or class
         sampler = generation.get(sampler)
     if not isinstance(sampler, generation.Sampler) or isinstance(
         sampler, (generation.GreedySampler, generation.BeamSampler)

@@ -202,14 +202,14 @@ def test_serving_bench_skips_sample_without_the_signature(exported, tmp_path):
     finally:
         sys.path.pop(0)
     _, path = exported
-    assert serving_bench.has_sample_signature(path)
-    assert serving_bench.has_sample_signature(path.parent)  # the model directory
+    assert serving_bench.has_signature(path, "sample")
+    assert serving_bench.has_signature(path.parent, "sample")  # the model directory
     other = tmp_path / "1" / "assets.extra"
     other.mkdir(parents=True)
     (other / "keras_attn.json").write_text(
         json.dumps({"signatures": {"serving_default": {}, "score": {}}})
     )
-    assert not serving_bench.has_sample_signature(tmp_path)
+    assert not serving_bench.has_signature(tmp_path, "sample")
 
 
 # Slow (about a minute: the export traces speculative sampling): the greedy
@@ -258,3 +258,20 @@ def test_serving_profile_profiles_the_sample_signature(exported):
         bad.stderr
     )
     assert "Received: 'sampel'" in bad.stderr
+
+
+def test_the_export_takes_samplers_as_the_decodings_do():
+    from keras_attn.export.language_model import check_export_sampler
+
+    assert isinstance(check_export_sampler("top_k"), generation.TopKSampler)
+    configured = check_export_sampler({"class_name": "top_p", "config": {"p": 0.5}})
+    assert isinstance(configured, generation.TopPSampler) and configured.p == 0.5
+    assert isinstance(
+        check_export_sampler(generation.RandomSampler), generation.RandomSampler
+    )
+    made = sampler()
+    assert check_export_sampler(made) is made and check_export_sampler(None) is None
+    with pytest.raises(
+        ValueError, match=r"its name or its config. Received: sampler=3"
+    ):
+        check_export_sampler(3)
