@@ -25,6 +25,7 @@ from keras_attn.export._common import next_version_dir, run_samples, write_expor
 from keras_attn.export.batching import TASK_BATCHING
 from keras_attn.models.precision import check_precision, with_precision
 from keras_attn.models.quantization import plain_policy
+from keras_attn.ops.serving import serving_mode
 
 # Metadata entries the exporter writes itself (`write_export` adds `serving`).
 EXPORTER_METADATA = (
@@ -203,6 +204,15 @@ def export_with_options(
         )
     model_name = model_name or spec.model_name
     path = next_version_dir(base_dir, model_name, version)
+    # Every trace of the signatures (here and in `tf.saved_model.save`) is
+    # of an inference graph: TensorFlow's serving layouts.
+    with serving_mode():
+        return _write_endpoints(task, spec, path, model_name, precision)
+
+
+def _write_endpoints(task, spec, path, model_name, precision) -> Path:
+    """`export_with_options`' archive of `spec`'s endpoints, sample outputs
+    and metadata, written to `path`."""
     archive = keras.export.ExportArchive()
     archive.track(task)
     for resource in spec.resources:

@@ -21,6 +21,7 @@ from keras_attn.layers.transformer_encoder_block import (
     TransformerEncoder,
     TransformerEncoderBlock,
 )
+from keras_attn.ops.serving import serving_mode
 
 # Registers the classes that read the blocks of files saved by keras-attn 0.2.
 from keras_attn import _compat_0_2  # noqa: F401  isort: skip
@@ -43,4 +44,5 @@ __all__ = [
     "TransformerDecoderBlock",
     "TransformerEncoder",
     "TransformerEncoderBlock",
+    "serving_mode",
 ]

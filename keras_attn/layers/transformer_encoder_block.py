@@ -4,8 +4,10 @@ feed-forward, each with Add & Norm."""
 from __future__ import annotations
 
 import keras
+from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.layers import padding_rows
 from keras_attn.layers._transformer_block import (
     TransformerBlockBase,
 )
@@ -148,6 +150,26 @@ class TransformerEncoder(TransformerBlockBase):
         )  # (B, T, d) [, (B, N, T, T)]
         if return_attention_scores:
             attended, weights = attended
+        if padding_rows.skips_padding(padding, training):
+            # In serving mode: the per-token sublayers on the real tokens'
+            # rows only, zeros at padded positions (keras_attn/ops/serving.py).
+            index = padding_rows.real_rows(padding)  # (R, 1)
+            if index.shape[0] == 0:  # eager, no real token: nothing to compute
+                outputs = ops.zeros_like(inputs)
+            else:
+                outputs = self._per_token_sublayers(
+                    padding_rows.gather_rows(inputs, index),  # (R, d)
+                    padding_rows.gather_rows(attended, index),
+                    training,
+                )
+                outputs = padding_rows.scatter_rows(outputs, index, inputs)
+        else:
+            outputs = self._per_token_sublayers(inputs, attended, training)
+        return (outputs, weights) if return_attention_scores else outputs
+
+    def _per_token_sublayers(self, inputs, attended, training):
+        """The self-attention's Add & Norm and the feed-forward block, which
+        read each token alone: `(B, T, d)` or real-token rows `(R, d)`."""
         x = self._post(
             inputs,
             attended,
@@ -155,8 +177,7 @@ class TransformerEncoder(TransformerBlockBase):
             self._self_attention_dropout,
             training,
         )
-        outputs = self._feed_forward_block(x, training)
-        return (outputs, weights) if return_attention_scores else outputs
+        return self._feed_forward_block(x, training)
 
     def compute_output_shape(
         self, inputs_shape, padding_mask_shape=None, attention_mask_shape=None

@@ -26,6 +26,7 @@ from keras_attn.ops.scores import (
     general_score,
     scaled_dot_score,
 )
+from keras_attn.ops.serving import serving_mode
 from keras_attn.ops.softmax import MASK_VALUE, masked_softmax
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "padding_mask_from_lengths",
     "rows_with_keys",
     "scaled_dot_score",
+    "serving_mode",
     "sliding_window_mask",
     "switch_over_length",
     "update_cache",

@@ -45,6 +45,7 @@ from keras_attn.ops.sequence_lengths import (
     needs_lengths,
     right_padded,
 )
+from keras_attn.ops.serving import transpose
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -528,7 +529,7 @@ def _explicit_attention(
     # Batched matmuls over (B, N, T, H): the heads move next to the batch
     # once, and the backward pass transposes no (Tq, Tk) tensor.
     query = _swap_axes_1_2(ops.cast(query, logits_dtype))  # (B, N, Tq, H)
-    key = ops.transpose(ops.cast(key, logits_dtype), (0, 2, 3, 1))  # (B, K, H, Tk)
+    key = transpose(ops.cast(key, logits_dtype), (0, 2, 3, 1))  # (B, K, H, Tk)
     if not (isinstance(scale, numbers.Number) and scale == 1.0):
         query = ops.multiply(query, ops.cast(scale, logits_dtype))
     logits = ops.matmul(_group_heads(query, groups), key)  # (B, K, G·Tq, Tk)
@@ -549,7 +550,7 @@ def _explicit_attention(
     attended = weights
     if dropout_rate > 0.0:
         attended = keras.random.dropout(weights, rate=dropout_rate, seed=seed_generator)
-    value = ops.transpose(value, (0, 2, 1, 3))  # (B, K, Tk, Hv)
+    value = transpose(value, (0, 2, 1, 3))  # (B, K, Tk, Hv)
     outputs = ops.matmul(_group_heads(attended, groups), value)  # (B, K, G·Tq, Hv)
     outputs = _ungroup_heads(outputs, groups, ops.shape(query)[2])  # (B, N, Tq, Hv)
     outputs = _swap_axes_1_2(outputs)  # (B, Tq, N, Hv)
@@ -563,7 +564,7 @@ def _swap_axes_1_2(x):
     a, c = x.shape[1], x.shape[2]
     if (a == 1 or c == 1) and None not in (a, c, x.shape[3]):
         return ops.reshape(x, (ops.shape(x)[0], c, a, x.shape[3]))
-    return ops.transpose(x, (0, 2, 1, 3))
+    return transpose(x, (0, 2, 1, 3))
 
 
 def _group_heads(x, groups: int):

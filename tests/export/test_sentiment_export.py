@@ -74,6 +74,33 @@ def test_signature_matches_the_keras_model(exported):
     assert list(outputs["label"].numpy()) == labels
 
 
+def test_the_export_is_traced_in_serving_mode(exported):
+    """The saved graph (traced again by `tf.saved_model.save`) holds the
+    serving layouts: the encoder's real-token rows (`ScatterNd`) and the
+    heads moved as integers (`Bitcast`); a batch of texts of mixed lengths
+    answers as the Keras model does for each text alone."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    model, tokenizer, _, path = exported
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    graph = saved.meta_graphs[0].graph_def
+    found = {node.op for node in graph.node} | {
+        node.op for function in graph.library.function for node in function.node_def
+    }
+    assert {"ScatterNd", "Bitcast"} <= found
+    texts = ["a", "the plot is thin and slow", "", "a gorgeous witty film"]
+    served = tf.saved_model.load(str(path)).signatures["serving_default"]
+    probabilities = served(text=tf.constant(texts))["positive_probability"].numpy()
+    alone = [
+        np.asarray(model(tokenizer.tokenize([t]).to_tensor(shape=[1, MAX_LENGTH])))[
+            0, 0
+        ]
+        for t in texts
+    ]  # each text alone, padded to `max_length`
+    np.testing.assert_allclose(probabilities, alone, atol=1e-5)
+
+
 def test_bad_input_on_the_export(exported):
     _, _, _, path = exported
     serve = tf.saved_model.load(str(path)).signatures["serving_default"]

@@ -1,0 +1,193 @@
+"""`keras_attn.layers.serving_mode`: the encoder blocks' real-token rows and
+the heads moved as integers, against the same calls outside the scope.
+
+On TensorFlow (the scope changes nothing on the other backends, which the
+last test checks wherever it runs)."""
+
+from __future__ import annotations
+
+import threading
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import keras_attn
+from keras_attn.ops import serving
+from tests.property_settings import property_settings
+
+TENSORFLOW = keras.backend.backend() == "tensorflow"
+needs_tensorflow = pytest.mark.skipif(
+    not TENSORFLOW, reason="the serving layouts are TensorFlow's"
+)
+
+
+def _block(seed=0, dtype="float32", **kwargs):
+    options = dict(intermediate_dim=24, num_heads=2, dropout=0.0)
+    options.update(kwargs)
+    block = keras_attn.layers.TransformerEncoder(seed=seed, dtype=dtype, **options)
+    block.build((None, None, 8))
+    rng = np.random.default_rng(seed)
+    block.set_weights(
+        [
+            rng.normal(scale=0.3, size=w.shape).astype("float32")
+            for w in block.get_weights()
+        ]
+    )
+    return block
+
+
+def _inputs(batch, length, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, length, 8)).astype("float32")
+    lengths = rng.integers(0, length + 1, size=batch)
+    mask = np.arange(length)[None] < lengths[:, None]
+    return x, mask
+
+
+@needs_tensorflow
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_real_tokens_equal_the_plain_call_and_padding_is_zero(normalize_first):
+    block = _block(normalize_first=normalize_first, activation="gelu")
+    x, mask = _inputs(4, 7)
+    mask[0] = True  # one full row, one row of no token at all
+    mask[1] = False
+    plain = np.asarray(block(x, padding_mask=mask))
+    with keras_attn.layers.serving_mode():
+        served = np.asarray(block(x, padding_mask=mask))
+    np.testing.assert_allclose(served[mask], plain[mask], rtol=1e-5, atol=1e-5)
+    assert np.all(served[~mask] == 0.0)
+    assert np.any(plain[~mask] != 0.0)  # outside the scope: not zeros
+
+
+@needs_tensorflow
+def test_in_a_tf_function_and_with_the_keras_mask():
+    import tensorflow as tf
+
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras_attn.layers.TokenAndPositionEmbedding(50, 16, 8, mask_zero=True)(tokens)
+    x = _block(activation="gelu")(x)
+    encoder = keras.Model(tokens, x)
+    ids = np.array([[5, 6, 7, 0], [8, 9, 0, 0], [1, 2, 3, 4]], dtype="int32")
+    plain = np.asarray(encoder(ids))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def serve(ids):
+        return encoder(ids, training=False)
+
+    with keras_attn.layers.serving_mode():
+        served = serve(ids).numpy()
+    graph = serve.get_concrete_function().graph.as_graph_def()
+    graph_ops = {node.op for node in graph.node} | {
+        node.op for function in graph.library.function for node in function.node_def
+    }  # the attention path is chosen by a `cond` on the length: its branches
+    assert {"ScatterNd", "Bitcast"} <= graph_ops
+    real = ids != 0
+    np.testing.assert_allclose(served[real], plain[real], rtol=1e-5, atol=1e-5)
+    assert np.all(served[~real] == 0.0)
+
+
+@needs_tensorflow
+def test_training_calls_and_calls_without_a_mask_are_unchanged():
+    block = _block()
+    x, mask = _inputs(3, 5, seed=1)
+    plain_training = np.asarray(block(x, padding_mask=mask, training=True))
+    plain_unmasked = np.asarray(block(x))
+    with keras_attn.layers.serving_mode():
+        training = np.asarray(block(x, padding_mask=mask, training=True))
+        unmasked = np.asarray(block(x))
+    np.testing.assert_array_equal(training, plain_training)
+    np.testing.assert_allclose(unmasked, plain_unmasked, rtol=1e-6, atol=1e-6)
+
+
+@needs_tensorflow
+def test_attention_scores_and_mixed_bfloat16():
+    block = _block(dtype="mixed_bfloat16", activation="gelu")
+    x, mask = _inputs(3, 6, seed=2)
+    plain, plain_weights = block(x, padding_mask=mask, return_attention_scores=True)
+    with keras_attn.layers.serving_mode():
+        served, weights = block(x, padding_mask=mask, return_attention_scores=True)
+    served, plain = (np.asarray(t, dtype="float32") for t in (served, plain))
+    assert served.dtype == plain.dtype
+    np.testing.assert_allclose(served[mask], plain[mask], rtol=2e-2, atol=2e-2)
+    np.testing.assert_array_equal(np.asarray(weights), np.asarray(plain_weights))
+
+
+@needs_tensorflow
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_transpose_moves_the_same_values(dtype):
+    import tensorflow as tf
+
+    x = tf.cast(np.random.default_rng(0).normal(size=(2, 3, 4, 5)), dtype)
+    with keras_attn.layers.serving_mode():
+        moved = serving.transpose(x, (0, 2, 1, 3))
+        integers = serving.transpose(tf.range(120, dtype=tf.int32), (0,))
+    assert moved.dtype == x.dtype
+    np.testing.assert_array_equal(
+        tf.bitcast(moved, tf.uint8).numpy(),
+        tf.bitcast(tf.transpose(x, (0, 2, 1, 3)), tf.uint8).numpy(),
+    )
+    np.testing.assert_array_equal(integers.numpy(), np.arange(120))
+
+
+def test_the_scope_nests_restores_and_stays_in_its_thread():
+    assert not serving.in_serving_mode()
+    seen = []
+    with pytest.raises(RuntimeError):
+        with keras_attn.layers.serving_mode():
+            with keras_attn.ops.serving_mode():
+                assert serving.in_serving_mode() == TENSORFLOW
+            assert serving.in_serving_mode() == TENSORFLOW
+            thread = threading.Thread(
+                target=lambda: seen.append(serving.in_serving_mode())
+            )
+            thread.start()
+            thread.join()
+            raise RuntimeError("leaves the scope")
+    assert not serving.in_serving_mode()
+    assert seen == [False]
+
+
+@needs_tensorflow
+@given(
+    data=st.data(),
+    normalize_first=st.booleans(),
+    activation=st.sampled_from(["relu", "gelu"]),
+    num_heads=st.sampled_from([1, 2, 4]),
+    policy=st.sampled_from(["float32", "mixed_bfloat16"]),
+)
+@property_settings(12, deadline=None)
+def test_property_real_tokens_as_the_plain_call(
+    data, normalize_first, activation, num_heads, policy
+):
+    batch = data.draw(st.integers(1, 4), label="batch")
+    length = data.draw(st.integers(1, 12), label="length")
+    mask = np.array(
+        data.draw(
+            st.lists(
+                st.lists(st.booleans(), min_size=length, max_size=length),
+                min_size=batch,
+                max_size=batch,
+            ),
+            label="mask",
+        )
+    )
+    block = _block(
+        seed=batch * 13 + length,
+        dtype=policy,
+        normalize_first=normalize_first,
+        activation=activation,
+        num_heads=num_heads,
+    )
+    x = np.random.default_rng(length).normal(size=(batch, length, 8)).astype("float32")
+    plain = np.asarray(block(x, padding_mask=mask), dtype="float32")
+    with keras_attn.layers.serving_mode():
+        served = np.asarray(block(x, padding_mask=mask), dtype="float32")
+    tolerance = 1e-5 if policy == "float32" else 3e-2
+    np.testing.assert_allclose(
+        served[mask], plain[mask], rtol=tolerance, atol=tolerance
+    )
+    assert np.all(served[~mask] == 0.0)
+    assert np.all(np.isfinite(served))
