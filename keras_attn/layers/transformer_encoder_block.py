@@ -45,7 +45,10 @@ class TransformerEncoder(TransformerBlockBase):
     keras-attn adds: `key_dim`, `attention_dropout`, `flash_attention`,
     `seed`; padded positions are ignored as keys and their own rows get a
     zero attention output (never NaN); explicit masks are combined with the
-    Keras mask of `inputs` (keras-hub replaces the Keras mask by them).
+    Keras mask of `inputs` (keras-hub replaces the Keras mask by them);
+    inside `keras_attn.layers.serving_mode()` a TensorFlow inference call
+    with a padding mask runs its per-token sublayers on the real tokens
+    only and returns zeros at padded positions.
 
     Args:
         intermediate_dim: hidden size of the feed-forward network.
