@@ -32,6 +32,9 @@ weight per token, plus attention's 4·T²·d per layer) as a share of a
 2048x2048 `tf.matmul`'s rate in the same process (float32, and bfloat16 for
 the bfloat16 export).
 
+`--sentiment-texts test` sends the movie-review corpus's test split (real
+reviews) to the sentiment exports instead of the fixtures' short texts.
+
 `--intra-op-threads N --inter-op-threads M` give the session the thread
 pools that tensorflow_model_server's `--tensorflow_intra_op_parallelism` and
 `--tensorflow_inter_op_parallelism` set (0, the default: one per core), set
@@ -410,6 +413,14 @@ def main():
     parser.add_argument("--max-memory-growth", type=float, default=0.05)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument(
+        "--sentiment-texts",
+        choices=("fixtures", "test"),
+        default="fixtures",
+        help="the sentiment requests' texts: the fixtures' movie snippets and "
+        "English sentences, or the movie-review corpus's test split (real "
+        "reviews, about 27 tokens each)",
+    )
+    parser.add_argument(
         "--sampler",
         default=DEFAULT_SAMPLER,
         help="the sampler of the `sample` signature the language model is "
@@ -452,6 +463,12 @@ def main():
         )
 
     texts = fixture_texts()
+    if args.sentiment_texts == "test":
+        from keras_attn.datasets import load_movie_reviews
+
+        texts["sentiment"] = [
+            text for text, _ in load_movie_reviews(verbose=False).test
+        ]
     failures, notes = [], []
     sequential_rows, load_rows, memory_rows, size_rows = [], [], [], []
     work = {}  # batch size -> useful FLOPs of the sentiment batch timed
@@ -563,6 +580,13 @@ def main():
         f"Session threads: intra-op {args.intra_op_threads or 'auto'}, "
         f"inter-op {args.inter_op_threads or 'auto'} ({os.cpu_count()} cores)"
     )
+    if "sentiment" in tasks:
+        origin = (
+            "the movie reviews' test split"
+            if args.sentiment_texts == "test"
+            else "the fixtures"
+        )
+        print(f"Sentiment texts: {origin} ({len(texts['sentiment'])} texts)")
     print(
         "\nSequential (one call at a time, serving_default; "
         "language_model_sample: sample):\n"

@@ -4,6 +4,8 @@ scatter between a `(B, T, d)` batch and its `(R, d)` real tokens."""
 
 from __future__ import annotations
 
+import keras
+
 from keras_attn.ops.serving import in_serving_mode
 
 
@@ -11,7 +13,12 @@ def skips_padding(padding, training) -> bool:
     """Whether a block called with `padding` (a `(B, T)` mask or None) and
     `training` runs its per-token sublayers on the real tokens' rows: in
     serving mode, in inference, with a mask."""
-    return in_serving_mode() and padding is not None and not training
+    return (
+        in_serving_mode()
+        and padding is not None
+        and not isinstance(padding, keras.KerasTensor)  # a functional model's build
+        and not training
+    )
 
 
 def real_rows(padding):

@@ -84,7 +84,7 @@ def in_serving_mode() -> bool:
 def transpose(x, axes):
     """`ops.transpose(x, axes)`; in serving mode, a float tensor's bits
     transposed as integers of its width (the same values, no gradient)."""
-    if in_serving_mode():
+    if in_serving_mode() and not isinstance(x, keras.KerasTensor):
         import tensorflow as tf
 
         x = tf.convert_to_tensor(x)

@@ -126,9 +126,11 @@ def test_serving_bench_serves_with_the_threads_it_is_given(small_sentiment_expor
         "--seconds", "0.5", "--calls", "2",
         "--rounds", "1", "--warmup-rounds", "1",
         "--intra-op-threads", "1", "--inter-op-threads", "2",
+        "--sentiment-texts", "test",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Session threads: intra-op 1, inter-op 2 (" in done.stdout
+    assert "Sentiment texts: the movie reviews' test split (1030 texts)" in done.stdout
     load = [
         line
         for line in done.stdout.splitlines()

@@ -132,6 +132,17 @@ def test_transpose_moves_the_same_values(dtype):
     np.testing.assert_array_equal(integers.numpy(), np.arange(120))
 
 
+def test_a_functional_model_builds_in_the_scope():
+    with keras_attn.layers.serving_mode():
+        tokens = keras.Input((None,), dtype="int32")
+        x = keras_attn.layers.TokenAndPositionEmbedding(50, 16, 8, mask_zero=True)(
+            tokens
+        )
+        x = keras_attn.layers.TransformerEncoder(intermediate_dim=16, num_heads=2)(x)
+        encoder = keras.Model(tokens, x)
+    assert encoder.output.shape == (None, None, 8)
+
+
 def test_the_scope_nests_restores_and_stays_in_its_thread():
     assert not serving.in_serving_mode()
     seen = []
