@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 
 from keras_attn import _validation as v
+from keras_attn.ops.serving import serving_mode
 
 # keras_attn.text's special ids (that module imports TensorFlow).
 PAD_ID, START_ID, END_ID = 0, 2, 3
@@ -331,9 +332,11 @@ def compiled_forward(model, width: int):
     compiled once per `width` and kept on `model`: `tf.function` on
     TensorFlow (one trace for every batch size), Keras' `predict_on_batch`
     on JAX (jitted; the rows are padded to `bucket_rows`, so a few shapes),
-    an eager call elsewhere. With `bucket_length` widths a task method
-    compiles a few shapes in all; the weights are read at each call, so
-    training or loading weights later is seen."""
+    an eager call elsewhere. On TensorFlow it is traced in
+    `keras_attn.ops.serving_mode()`, as the exports are. With
+    `bucket_length` widths a task method compiles a few shapes in all; the
+    weights are read at each call, so training or loading weights later is
+    seen."""
     import numpy as np
 
     def build():
@@ -341,9 +344,12 @@ def compiled_forward(model, width: int):
         if backend == "tensorflow":
             import tensorflow as tf
 
+            def serve(ids):
+                with serving_mode():  # traced for inference: its layouts
+                    return model(ids, training=False)
+
             forward = tf.function(
-                lambda ids: model(ids, training=False),
-                input_signature=[tf.TensorSpec([None, width], tf.int32)],
+                serve, input_signature=[tf.TensorSpec([None, width], tf.int32)]
             )
             return lambda ids: keras.ops.convert_to_numpy(forward(ids))
         if backend == "jax":

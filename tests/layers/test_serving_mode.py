@@ -202,3 +202,35 @@ def test_property_real_tokens_as_the_plain_call(
     )
     assert np.all(served[~mask] == 0.0)
     assert np.all(np.isfinite(served))
+
+
+@needs_tensorflow
+def test_classify_is_traced_in_serving_mode(small_tokenizer):
+    """`TextClassifier.classify`'s compiled forward is the export's graph:
+    traced in serving mode, and a batch of mixed lengths answers as each
+    text alone."""
+    from keras_attn.models import TextClassifier
+
+    model = TextClassifier(
+        small_tokenizer.vocabulary_size,
+        16,
+        embedding_dim=16,
+        num_layers=2,
+        num_heads=2,
+        intermediate_dim=32,
+        activation="gelu",
+        tokenizer=small_tokenizer,
+    )
+    texts = ["a", "the plot is thin and the acting slow", "", "a gorgeous witty film"]
+    together = model.classify(texts, batch_size=4)["positive_probability"]
+    alone = [model.classify([t])["positive_probability"][0] for t in texts]
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    # The kept forward of the 16-token bucket: NumPy around a `tf.function`.
+    _, kept = model.__dict__["_task_cache"][("compiled_forward", 16)]
+    (cell,) = kept.__closure__
+    function = cell.cell_contents
+    graph_def = function.get_concrete_function().graph.as_graph_def()
+    found = {node.op for node in graph_def.node} | {
+        node.op for f in graph_def.library.function for node in f.node_def
+    }
+    assert {"ScatterNd", "Bitcast"} <= found
