@@ -25,7 +25,8 @@ STAMP := $(VENV)/.installed
 #   4 skipped; a one-minute benchmark ran beside it) and JAX 3:25; at
 #   432f96e, with three more tests marked `slow`, idle: 12:51 (2,000
 #   passed, 4 skipped) and 3:09 (666 passed), 17:00 in all with the venv
-#   and the lint.
+#   and the lint. At 364fb6e (2026-12-06, idle): 10:20 (2,013 passed, 4
+#   skipped) and 2:24 (666 passed), 13:34 in all.
 #   The figures below are from before the `slow` marks of 0c54d59.
 # - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-04, 2 workers
 #   while other work shared the cores: the TensorFlow run 25:24 (1,869
