@@ -19,9 +19,8 @@ from keras_attn.ops import serving
 from tests.property_settings import property_settings
 
 TENSORFLOW = keras.backend.backend() == "tensorflow"
-needs_tensorflow = pytest.mark.skipif(
-    not TENSORFLOW, reason="the serving layouts are TensorFlow's"
-)
+# The serving layouts are TensorFlow's: deselected on the other backends.
+needs_tensorflow = pytest.mark.tf_only
 
 
 def _block(seed=0, dtype="float32", **kwargs):
