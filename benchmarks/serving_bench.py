@@ -462,13 +462,14 @@ def main():
             inter_op_threads=args.inter_op_threads,
         )
 
-    texts = fixture_texts()
+    texts, sentiment_origin = fixture_texts(), "the fixtures"
     if args.sentiment_texts == "test":
         from keras_attn.datasets import load_movie_reviews
 
         texts["sentiment"] = [
             text for text, _ in load_movie_reviews(verbose=False).test
         ]
+        sentiment_origin = "the movie reviews' test split"
     failures, notes = [], []
     sequential_rows, load_rows, memory_rows, size_rows = [], [], [], []
     work = {}  # batch size -> useful FLOPs of the sentiment batch timed
@@ -581,12 +582,7 @@ def main():
         f"inter-op {args.inter_op_threads or 'auto'} ({os.cpu_count()} cores)"
     )
     if "sentiment" in tasks:
-        origin = (
-            "the movie reviews' test split"
-            if args.sentiment_texts == "test"
-            else "the fixtures"
-        )
-        print(f"Sentiment texts: {origin} ({len(texts['sentiment'])} texts)")
+        print(f"Sentiment texts: {sentiment_origin} ({len(texts['sentiment'])} texts)")
     print(
         "\nSequential (one call at a time, serving_default; "
         "language_model_sample: sample):\n"

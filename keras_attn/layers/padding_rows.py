@@ -42,4 +42,4 @@ def scatter_rows(rows, index, like):
 
     shape = tf.shape(like, out_type=tf.int64)
     flat = tf.scatter_nd(index, rows, [shape[0] * shape[1], shape[2]])
-    return tf.reshape(flat, tf.shape(like))
+    return tf.reshape(flat, shape)

@@ -25,7 +25,7 @@ Inside it, TensorFlow calls of keras-attn's layers and ops:
 
 Training calls (`training=True`) skip no padding, and other backends are
 unchanged. `export_task` (every task's `export`) traces its signatures
-inside it.
+inside it, and `TextClassifier.classify` its compiled forward.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_attn.export import check_servable, export_sentiment
 from keras_attn.models import TextClassifier, TextClassifierEnsemble
 from tests.export.conftest import assert_bad_requests_leave_no_trace, nasty_batch
+from tests.layers.test_serving_mode import op_types
 
 pytestmark = pytest.mark.tf_only
 
@@ -85,10 +86,7 @@ def test_the_export_is_traced_in_serving_mode(exported):
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString((path / "saved_model.pb").read_bytes())
     graph = saved.meta_graphs[0].graph_def
-    found = {node.op for node in graph.node} | {
-        node.op for function in graph.library.function for node in function.node_def
-    }
-    assert {"ScatterNd", "Bitcast"} <= found
+    assert {"ScatterNd", "Bitcast"} <= op_types(graph)
     texts = ["a", "the plot is thin and slow", "", "a gorgeous witty film"]
     served = tf.saved_model.load(str(path)).signatures["serving_default"]
     probabilities = served(text=tf.constant(texts))["positive_probability"].numpy()

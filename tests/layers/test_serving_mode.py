@@ -23,6 +23,14 @@ TENSORFLOW = keras.backend.backend() == "tensorflow"
 needs_tensorflow = pytest.mark.tf_only
 
 
+def op_types(graph_def) -> set:
+    """The op types of a `GraphDef`, its library's functions included (the
+    attention path is chosen by a `cond` on the length: its branches)."""
+    return {node.op for node in graph_def.node} | {
+        node.op for function in graph_def.library.function for node in function.node_def
+    }
+
+
 def _block(seed=0, dtype="float32", **kwargs):
     options = dict(intermediate_dim=24, num_heads=2, dropout=0.0)
     options.update(kwargs)
@@ -79,10 +87,7 @@ def test_in_a_tf_function_and_with_the_keras_mask():
     with keras_attn.layers.serving_mode():
         served = serve(ids).numpy()
     graph = serve.get_concrete_function().graph.as_graph_def()
-    graph_ops = {node.op for node in graph.node} | {
-        node.op for function in graph.library.function for node in function.node_def
-    }  # the attention path is chosen by a `cond` on the length: its branches
-    assert {"ScatterNd", "Bitcast"} <= graph_ops
+    assert {"ScatterNd", "Bitcast"} <= op_types(graph)
     real = ids != 0
     np.testing.assert_allclose(served[real], plain[real], rtol=1e-5, atol=1e-5)
     assert np.all(served[~real] == 0.0)
@@ -229,7 +234,4 @@ def test_classify_is_traced_in_serving_mode(small_tokenizer):
     (cell,) = kept.__closure__
     function = cell.cell_contents
     graph_def = function.get_concrete_function().graph.as_graph_def()
-    found = {node.op for node in graph_def.node} | {
-        node.op for f in graph_def.library.function for node in f.node_def
-    }
-    assert {"ScatterNd", "Bitcast"} <= found
+    assert {"ScatterNd", "Bitcast"} <= op_types(graph_def)
