@@ -28,10 +28,12 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.layers import padding_rows
 from keras_attn.layers._policies import with_quantized_policies
 from keras_attn.layers.alibi_bias import AlibiBias
 from keras_attn.layers.rotary_embedding import RotaryEmbedding
 from keras_attn.ops.attention import check_flash_attention
+from keras_attn.ops.serving import in_serving_mode
 
 # The blocks' `position`: "rotary" and "alibi" act inside the self-attention;
 # "sinusoidal" and "learned" name absolute positions added to the embeddings
@@ -246,12 +248,12 @@ class TransformerBlockBase(keras.layers.Layer):
 
     def _pre(self, x, norm):
         """The sublayer's input: `x`, or `LayerNorm(x)` with `normalize_first`."""
-        return norm(x) if self.normalize_first else x
+        return _normalize(norm, x) if self.normalize_first else x
 
     def _post(self, residual, sublayer_output, norm, dropout, training):
         """`residual + Dropout(sublayer_output)`, normalized in post-norm."""
         x = ops.add(residual, dropout(sublayer_output, training=training))
-        return x if self.normalize_first else norm(x)
+        return x if self.normalize_first else _normalize(norm, x)
 
     def _feed_forward_block(self, x, training):
         hidden = self._feedforward_intermediate_dense(
@@ -297,3 +299,11 @@ class TransformerBlockBase(keras.layers.Layer):
                 config[name] = getattr(self, name)
         # Quantized sublayers keep their policies through save/load.
         return with_quantized_policies(self, config)
+
+
+def _normalize(norm, x):
+    """`norm(x)`; in serving mode, real tokens' rows `(R, d)` (the only
+    rank-2 inputs a block's sublayers get) take `padding_rows.layer_norm`."""
+    if len(x.shape) == 2 and in_serving_mode():
+        return padding_rows.layer_norm(norm, x)
+    return norm(x)

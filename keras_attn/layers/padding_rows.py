@@ -1,8 +1,17 @@
 """The encoder blocks' real-token rows in serving mode
-(`keras_attn.ops.serving_mode`): which calls take them, and the gather and
-scatter between a `(B, T, d)` batch and its `(R, d)` real tokens."""
+(`keras_attn.ops.serving_mode`): which calls take them, the moves between a
+`(B, T, d)` batch and its `(R, d)` real tokens, and the layer norm of those
+rows.
+
+Both directions are row gathers (TensorFlow's `GatherV2`, a copy per row):
+`gather_rows` takes the real tokens' rows, `scatter_rows` puts rows back on
+the `(B, T)` grid by gathering each position's row from the rows with one
+zero row appended. On the CPU this is cheaper than `gather_nd` and
+`scatter_nd` (docs/experiments/2026-12-06-serving-rows.md)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import keras
 
@@ -21,25 +30,99 @@ def skips_padding(padding, training) -> bool:
     )
 
 
-def real_rows(padding):
-    """The flat indices `(R, 1)` of the real tokens of a `(B, T)` mask."""
+class RealRows(NamedTuple):
+    """Where the real tokens of a `(B, T)` mask are: `index` `(R,)`, their
+    flat positions in `B * T`, and `inverse` `(B, T)`, each position's row
+    in the `R` rows (`R` at padded positions: the appended zero row)."""
+
+    index: object
+    inverse: object
+
+    @property
+    def count(self):
+        """`R`, static when known (an eager call)."""
+        return self.index.shape[0]
+
+
+def real_rows(padding) -> RealRows:
+    """The `RealRows` of a `(B, T)` mask."""
     import tensorflow as tf
 
-    return tf.where(tf.reshape(padding, [-1]))
+    with tf.name_scope("real_rows"):  # the serving graph's mark (tests read it)
+        flat = tf.reshape(tf.cast(padding, tf.bool), [-1])  # (B*T,)
+        index = tf.reshape(tf.where(flat), [-1])  # (R,)
+        row = tf.cumsum(tf.cast(flat, tf.int64), exclusive=True)  # (B*T,)
+        inverse = tf.where(flat, row, tf.shape(index, out_type=tf.int64)[0])
+        return RealRows(index, tf.reshape(inverse, tf.shape(padding)))
 
 
-def gather_rows(x, index):
-    """The rows of `x` `(B, T, d)` at `index` `(R, 1)`: `(R, d)`."""
+def gather_rows(x, rows: RealRows):
+    """The rows of `x` `(B, T, d)` at the real tokens: `(R, d)`."""
     import tensorflow as tf
 
-    return tf.gather_nd(tf.reshape(x, [-1, x.shape[-1]]), index)
+    return tf.gather(tf.reshape(x, [-1, x.shape[-1]]), rows.index)
 
 
-def scatter_rows(rows, index, like):
-    """`rows` `(R, d)` put back at `index` in a `(B, T, d)` tensor shaped as
-    `like`, zeros elsewhere."""
+def scatter_rows(values, rows: RealRows):
+    """`values` `(R, d)`, one per real token, on the `(B, T, d)` grid, zeros
+    at padded positions."""
     import tensorflow as tf
 
-    shape = tf.shape(like, out_type=tf.int64)
-    flat = tf.scatter_nd(index, rows, [shape[0] * shape[1], shape[2]])
-    return tf.reshape(flat, shape)
+    zero = tf.zeros([1, values.shape[-1]], values.dtype)
+    return tf.gather(tf.concat([values, zero], 0), rows.inverse)
+
+
+# Below this many rows a fused layer norm's fixed cost exceeds what it saves
+# (docs/experiments/2026-12-06-serving-rows.md).
+FUSED_NORM_ROWS = 192
+
+
+def layer_norm(layer, rows):
+    """`layer(rows)` for a `keras.layers.LayerNormalization` of the real
+    tokens' rows `(R, d)` in serving mode, as oneDNN's fused layer norm from
+    `FUSED_NORM_ROWS` rows (the pattern Grappler's remapper rewrites to
+    `_MklLayerNorm`: a training-mode `FusedBatchNormV3` over the rows as
+    channels, then `gamma` and `beta`), and below as Keras computes it with
+    fewer element-wise passes. In float32 for half-precision rows, as
+    Keras's; other layer norms (RMS scaling, no `gamma` or `beta`, other
+    axes, float64) are the layer's own call."""
+    import tensorflow as tf
+
+    axis = layer.axis if isinstance(layer.axis, int) else tuple(layer.axis)
+    if (
+        axis not in (-1, 1, (-1,), (1,))
+        or layer.rms_scaling
+        or layer.gamma is None
+        or layer.beta is None
+        or rows.dtype not in (tf.float32, tf.bfloat16, tf.float16)
+    ):
+        return layer(rows)
+    x = tf.cast(rows, tf.float32)
+    gamma = tf.cast(layer.gamma, tf.float32)
+    beta = tf.cast(layer.beta, tf.float32)
+    epsilon = float(layer.epsilon)
+    count = tf.shape(x)[0]
+    width = x.shape[-1]
+
+    def fused():
+        flat = tf.reshape(x, tf.stack([1, count, width, 1]))  # the rows as channels
+        normalized = tf.raw_ops.FusedBatchNormV3(
+            x=flat,
+            scale=tf.fill(tf.reshape(count, [1]), 1.0),
+            offset=tf.fill(tf.reshape(count, [1]), 0.0),
+            mean=tf.constant([], tf.float32),
+            variance=tf.constant([], tf.float32),
+            epsilon=epsilon,
+            data_format="NCHW",
+            is_training=True,
+        )[0]
+        return beta + tf.reshape(normalized, tf.shape(x)) * gamma
+
+    def unfused():
+        mean = tf.reduce_mean(x, -1, keepdims=True)
+        centered = x - mean
+        variance = tf.reduce_mean(tf.square(centered), -1, keepdims=True)
+        return beta + centered * (tf.math.rsqrt(variance + epsilon) * gamma)
+
+    outputs = tf.cond(count >= FUSED_NORM_ROWS, fused, unfused)
+    return tf.cast(tf.cast(outputs, rows.dtype), layer.compute_dtype)

@@ -156,16 +156,16 @@ class TransformerEncoder(TransformerBlockBase):
         if padding_rows.skips_padding(padding, training):
             # In serving mode: the per-token sublayers on the real tokens'
             # rows only, zeros at padded positions (keras_attn/ops/serving.py).
-            index = padding_rows.real_rows(padding)  # (R, 1)
-            if index.shape[0] == 0:  # eager, no real token: nothing to compute
+            rows = padding_rows.real_rows(padding)
+            if rows.count == 0:  # eager, no real token: nothing to compute
                 outputs = ops.zeros_like(inputs)
             else:
                 outputs = self._per_token_sublayers(
-                    padding_rows.gather_rows(inputs, index),  # (R, d)
-                    padding_rows.gather_rows(attended, index),
+                    padding_rows.gather_rows(inputs, rows),  # (R, d)
+                    padding_rows.gather_rows(attended, rows),
                     training,
                 )
-                outputs = padding_rows.scatter_rows(outputs, index, inputs)
+                outputs = padding_rows.scatter_rows(outputs, rows)  # (B, T, d)
         else:
             outputs = self._per_token_sublayers(inputs, attended, training)
         return (outputs, weights) if return_attention_scores else outputs

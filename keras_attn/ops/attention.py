@@ -45,7 +45,7 @@ from keras_attn.ops.sequence_lengths import (
     needs_lengths,
     right_padded,
 )
-from keras_attn.ops.serving import transpose
+from keras_attn.ops.serving import in_serving_mode, transpose
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -406,6 +406,8 @@ def dot_product_attention(
         # at the first training step (tensorflow/tensorflow#57052). Beside a
         # branch of zeros, which keeps none, no such pair forms; the sum adds
         # exact zeros to the outputs of the path taken.
+        if in_serving_mode():  # no gradient: one conditional, no zeros to add
+            return ops.cond(long, memory_efficient, lambda: explicit()[0])
         output_shape = (*ops.shape(query)[:-1], ops.shape(value)[-1])
 
         def zeros():

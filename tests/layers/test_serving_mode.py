@@ -23,12 +23,25 @@ TENSORFLOW = keras.backend.backend() == "tensorflow"
 needs_tensorflow = pytest.mark.tf_only
 
 
-def op_types(graph_def) -> set:
-    """The op types of a `GraphDef`, its library's functions included (the
+def _nodes(graph_def):
+    """The nodes of a `GraphDef`, its library's functions' included (the
     attention path is chosen by a `cond` on the length: its branches)."""
-    return {node.op for node in graph_def.node} | {
-        node.op for function in graph_def.library.function for node in function.node_def
-    }
+    yield from graph_def.node
+    for function in graph_def.library.function:
+        yield from function.node_def
+
+
+def serving_layouts(graph_def) -> set:
+    """Which serving layouts a `GraphDef` holds: `"rows"`, the encoder's
+    real-token rows (`padding_rows.real_rows`'s name scope), and
+    `"bitcast"`, the heads moved as integers."""
+    found = set()
+    for node in _nodes(graph_def):
+        if "real_rows/" in node.name:
+            found.add("rows")
+        if node.op == "Bitcast":
+            found.add("bitcast")
+    return found
 
 
 def _block(seed=0, dtype="float32", **kwargs):
@@ -70,6 +83,112 @@ def test_real_tokens_equal_the_plain_call_and_padding_is_zero(normalize_first):
 
 
 @needs_tensorflow
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(position="rotary"),
+        dict(position="alibi", sliding_window=2),
+        dict(num_heads=4, num_key_value_heads=2, position="rotary"),
+        dict(normalize_first=True, with_attention_mask=True),
+    ],
+    ids=["rotary", "alibi-window", "grouped-rotary", "pre-norm-attention-mask"],
+)
+def test_positions_windows_and_masks_on_the_rows(options):
+    """Rotary and ALiBi positions, a window, grouped key/value heads and an
+    attention mask: the attention reads the `(B, T)` grid as outside the
+    scope, the per-token sublayers the real rows."""
+    options = dict(options)
+    with_attention_mask = options.pop("with_attention_mask", False)
+    block = _block(seed=3, activation="gelu", **options)
+    x, mask = _inputs(4, 9, seed=3)
+    mask[0] = True
+    attention_mask = None
+    if with_attention_mask:
+        attention_mask = np.random.default_rng(3).random((4, 9, 9)) < 0.6
+    plain = np.asarray(block(x, padding_mask=mask, attention_mask=attention_mask))
+    with keras_attn.layers.serving_mode():
+        served = np.asarray(block(x, padding_mask=mask, attention_mask=attention_mask))
+    np.testing.assert_allclose(served[mask], plain[mask], rtol=1e-5, atol=1e-5)
+    assert np.all(served[~mask] == 0.0)
+
+
+@needs_tensorflow
+@pytest.mark.parametrize("rows", [1, 191, 192, 300])
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("epsilon", [1e-12, 1e-3])
+def test_layer_norm_of_rows_as_keras(rows, policy, epsilon):
+    """`padding_rows.layer_norm` in a graph (where Grappler may fuse it) on
+    either side of the fused form's threshold, under each policy: Keras's
+    layer norm of the same rows."""
+    import tensorflow as tf
+
+    from keras_attn.layers import padding_rows
+
+    layer = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy)
+    layer.build((None, 64))
+    rng = np.random.default_rng(rows)
+    layer.set_weights(
+        [
+            rng.normal(1.0, 0.2, 64).astype("float32"),
+            rng.normal(0, 0.2, 64).astype("float32"),
+        ]
+    )
+    x = rng.normal(3.0, 2.0, (rows, 64)).astype("float32")
+    x = tf.cast(x, layer.compute_dtype)
+    plain = np.asarray(tf.cast(layer(x), "float32"))
+    with keras_attn.layers.serving_mode():
+        served = tf.function(lambda x: padding_rows.layer_norm(layer, x))(x)
+    assert served.dtype == layer.compute_dtype
+    tolerance = 1e-5 if policy == "float32" else 1e-2
+    np.testing.assert_allclose(
+        np.asarray(tf.cast(served, "float32")), plain, rtol=tolerance, atol=tolerance
+    )
+
+
+@needs_tensorflow
+@pytest.mark.filterwarnings("ignore:You passed `rms_scaling=True`")
+@pytest.mark.parametrize(
+    "options", [dict(rms_scaling=True), dict(center=False), dict(scale=False)]
+)
+def test_other_layer_norms_of_rows_are_their_own_call(options):
+    import tensorflow as tf
+
+    from keras_attn.layers import padding_rows
+
+    layer = keras.layers.LayerNormalization(**options)
+    layer.build((None, 16))
+    x = tf.constant(np.random.default_rng(0).normal(size=(200, 16)), tf.float32)
+    with keras_attn.layers.serving_mode():
+        served = padding_rows.layer_norm(layer, x)
+    np.testing.assert_array_equal(np.asarray(served), np.asarray(layer(x)))
+
+
+@needs_tensorflow
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_a_batch_past_the_fused_norm_threshold(policy, normalize_first):
+    """Enough real tokens (`R` >= `padding_rows.FUSED_NORM_ROWS`) for the
+    fused layer norm, in a `tf.function` as an export traces it."""
+    import tensorflow as tf
+
+    from keras_attn.layers import padding_rows
+
+    block = _block(seed=5, dtype=policy, normalize_first=normalize_first)
+    x, mask = _inputs(12, 40, seed=5)
+    mask[:8] = True
+    assert mask.sum() >= padding_rows.FUSED_NORM_ROWS
+    plain = np.asarray(block(x, padding_mask=mask), dtype="float32")
+    serve = tf.function(lambda x, m: block(x, padding_mask=m, training=False))
+    with keras_attn.layers.serving_mode():
+        served = np.asarray(serve(x, mask), dtype="float32")
+    tolerance = 1e-5 if policy == "float32" else 3e-2
+    np.testing.assert_allclose(
+        served[mask], plain[mask], rtol=tolerance, atol=tolerance
+    )
+    assert np.all(served[~mask] == 0.0)
+
+
+@needs_tensorflow
 def test_in_a_tf_function_and_with_the_keras_mask():
     import tensorflow as tf
 
@@ -87,7 +206,11 @@ def test_in_a_tf_function_and_with_the_keras_mask():
     with keras_attn.layers.serving_mode():
         served = serve(ids).numpy()
     graph = serve.get_concrete_function().graph.as_graph_def()
-    assert {"ScatterNd", "Bitcast"} <= op_types(graph)
+    assert serving_layouts(graph) == {"rows", "bitcast"}
+    plain_graph = tf.function(serve.python_function).get_concrete_function(
+        tf.TensorSpec([None, None], tf.int32)
+    )
+    assert serving_layouts(plain_graph.graph.as_graph_def()) == set()
     real = ids != 0
     np.testing.assert_allclose(served[real], plain[real], rtol=1e-5, atol=1e-5)
     assert np.all(served[~real] == 0.0)
@@ -172,11 +295,17 @@ def test_the_scope_nests_restores_and_stays_in_its_thread():
     activation=st.sampled_from(["relu", "gelu"]),
     num_heads=st.sampled_from([1, 2, 4]),
     policy=st.sampled_from(["float32", "mixed_bfloat16"]),
+    position=st.sampled_from([None, "rotary", "alibi"]),
+    grouped=st.booleans(),
+    sliding_window=st.sampled_from([None, 1, 3]),
 )
 @property_settings(12, deadline=None)
 def test_property_real_tokens_as_the_plain_call(
-    data, normalize_first, activation, num_heads, policy
-):
+    data, normalize_first, activation, num_heads, policy, position, grouped,
+    sliding_window,
+):  # fmt: skip
+    """Random blocks (heads, key/value heads, positions, window) under random
+    padding and attention masks: the real tokens as outside the scope."""
     batch = data.draw(st.integers(1, 4), label="batch")
     length = data.draw(st.integers(1, 12), label="length")
     mask = np.array(
@@ -189,17 +318,25 @@ def test_property_real_tokens_as_the_plain_call(
             label="mask",
         )
     )
+    attention_mask = None
+    if data.draw(st.booleans(), label="with an attention mask"):
+        attention_mask = np.random.default_rng(batch).random((batch, length, length))
+        attention_mask = attention_mask < 0.7
     block = _block(
         seed=batch * 13 + length,
         dtype=policy,
         normalize_first=normalize_first,
         activation=activation,
         num_heads=num_heads,
+        num_key_value_heads=1 if grouped else None,
+        position=position,
+        sliding_window=sliding_window,
     )
     x = np.random.default_rng(length).normal(size=(batch, length, 8)).astype("float32")
-    plain = np.asarray(block(x, padding_mask=mask), dtype="float32")
+    masks = dict(padding_mask=mask, attention_mask=attention_mask)
+    plain = np.asarray(block(x, **masks), dtype="float32")
     with keras_attn.layers.serving_mode():
-        served = np.asarray(block(x, padding_mask=mask), dtype="float32")
+        served = np.asarray(block(x, **masks), dtype="float32")
     tolerance = 1e-5 if policy == "float32" else 3e-2
     np.testing.assert_allclose(
         served[mask], plain[mask], rtol=tolerance, atol=tolerance
@@ -234,4 +371,4 @@ def test_classify_is_traced_in_serving_mode(small_tokenizer):
     (cell,) = kept.__closure__
     function = cell.cell_contents
     graph_def = function.get_concrete_function().graph.as_graph_def()
-    assert {"ScatterNd", "Bitcast"} <= op_types(graph_def)
+    assert serving_layouts(graph_def) == {"rows", "bitcast"}
