@@ -201,11 +201,14 @@ def run_export(
         )
     if task == "language_model":
         return model.export(root, model_name=f"{task}{suffix}", precision=precision)
-    if task == "language_model_sample":  # a name or a JSON config
-        if sampler.lstrip().startswith("{"):
-            sampler = json.loads(sampler)
+    if task == "language_model_sample":
+        from keras_attn.export.language_model import sampler_from_text
+
         return model.export(
-            root, model_name=f"{task}{suffix}", precision=precision, sampler=sampler
+            root,
+            model_name=f"{task}{suffix}",
+            precision=precision,
+            sampler=sampler_from_text(sampler),  # a name or a JSON config
         )
     return model.export(
         root, model_name=f"{task}{suffix}", max_length=64, precision=precision

@@ -655,19 +655,9 @@ def language_model_args(argv=None):
 def export_sampler(args):
     """The sampler of `--export-sampler` (a name or a JSON config; checked
     as the export checks it), or None."""
-    import json
+    from keras_attn.export.language_model import sampler_from_text
 
-    from keras_attn.export.language_model import check_export_sampler
-
-    value = args.export_sampler
-    if value is None:
-        return None
-    if value.lstrip().startswith("{"):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"not a JSON config ({error}): {value!r}") from None
-    return check_export_sampler(value)
+    return sampler_from_text(args.export_sampler)
 
 
 def check_assistant_options(parser, args) -> None:

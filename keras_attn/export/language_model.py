@@ -126,6 +126,23 @@ def check_export_sampler(sampler):
     return sampler
 
 
+def sampler_from_text(value):
+    """The checked sampler (`check_export_sampler`) of a command-line
+    option's `value`: a sampler's name (`"top_k"`) or a JSON config
+    (`'{"class_name": "TopKSampler", "config": {"k": 5}}'`); None for None.
+    A `ValueError` names what was received."""
+    import json
+
+    if value is None:
+        return None
+    if value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not a JSON config ({error}): {value!r}") from None
+    return check_export_sampler(value)
+
+
 def _describe_sampler(sampler):
     """The metadata's `sampler` entry: None, or the sampler's class and
     config."""

@@ -260,6 +260,22 @@ def test_serving_profile_profiles_the_sample_signature(exported):
     assert "Received: 'sampel'" in bad.stderr
 
 
+def test_a_sampler_from_a_command_line_option():
+    """`sampler_from_text`, which `--export-sampler` and serving_bench's
+    `--sampler` read: a name or a JSON config, checked as the export checks
+    samplers."""
+    from keras_attn.export.language_model import sampler_from_text
+
+    assert sampler_from_text(None) is None
+    assert isinstance(sampler_from_text("top_k"), generation.TopKSampler)
+    configured = sampler_from_text(' {"class_name": "top_p", "config": {"p": 0.3}}')
+    assert isinstance(configured, generation.TopPSampler) and configured.p == 0.3
+    with pytest.raises(ValueError, match=r"not a JSON config .*: \"{'p': 1}\""):
+        sampler_from_text("{'p': 1}")
+    with pytest.raises(ValueError, match="greedy decoding is `serving_default`"):
+        sampler_from_text("greedy")
+
+
 def test_the_export_takes_samplers_as_the_decodings_do():
     from keras_attn.export.language_model import check_export_sampler
 
