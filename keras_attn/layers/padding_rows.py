@@ -72,20 +72,19 @@ def scatter_rows(values, rows: RealRows):
     return tf.gather(tf.concat([values, zero], 0), rows.inverse)
 
 
-# Below this many rows a fused layer norm's fixed cost exceeds what it saves
-# (docs/experiments/2026-12-06-serving-rows.md).
-FUSED_NORM_ROWS = 192
-
-
 def layer_norm(layer, rows):
     """`layer(rows)` for a `keras.layers.LayerNormalization` of the real
-    tokens' rows `(R, d)` in serving mode, as oneDNN's fused layer norm from
-    `FUSED_NORM_ROWS` rows (the pattern Grappler's remapper rewrites to
-    `_MklLayerNorm`: a training-mode `FusedBatchNormV3` over the rows as
-    channels, then `gamma` and `beta`), and below as Keras computes it with
-    fewer element-wise passes. In float32 for half-precision rows, as
-    Keras's; other layer norms (RMS scaling, no `gamma` or `beta`, other
-    axes, float64) are the layer's own call."""
+    tokens' rows `(R, d)` in serving mode, in the fewest element-wise passes
+    (Keras 3 computes `x * inv + (beta - mean * inv)`, one pass more). In
+    float32 for half-precision rows, as Keras's; other layer norms (RMS
+    scaling, no `gamma` or `beta`, other axes, float64) are the layer's own
+    call.
+
+    Not the graph oneDNN fuses into one layer-norm kernel (a training-mode
+    `FusedBatchNormV3` over the rows as channels): 2.2 to 2.8x faster from a
+    few hundred rows where TensorFlow runs with oneDNN, but about 2x slower
+    than Keras's without it, as in TF Serving's release builds
+    (docs/experiments/2026-12-06-serving-rows.md)."""
     import tensorflow as tf
 
     axis = layer.axis if isinstance(layer.axis, int) else tuple(layer.axis)
@@ -98,31 +97,9 @@ def layer_norm(layer, rows):
     ):
         return layer(rows)
     x = tf.cast(rows, tf.float32)
-    gamma = tf.cast(layer.gamma, tf.float32)
-    beta = tf.cast(layer.beta, tf.float32)
-    epsilon = float(layer.epsilon)
-    count = tf.shape(x)[0]
-    width = x.shape[-1]
-
-    def fused():
-        flat = tf.reshape(x, tf.stack([1, count, width, 1]))  # the rows as channels
-        normalized = tf.raw_ops.FusedBatchNormV3(
-            x=flat,
-            scale=tf.fill(tf.reshape(count, [1]), 1.0),
-            offset=tf.fill(tf.reshape(count, [1]), 0.0),
-            mean=tf.constant([], tf.float32),
-            variance=tf.constant([], tf.float32),
-            epsilon=epsilon,
-            data_format="NCHW",
-            is_training=True,
-        )[0]
-        return beta + tf.reshape(normalized, tf.shape(x)) * gamma
-
-    def unfused():
-        mean = tf.reduce_mean(x, -1, keepdims=True)
-        centered = x - mean
-        variance = tf.reduce_mean(tf.square(centered), -1, keepdims=True)
-        return beta + centered * (tf.math.rsqrt(variance + epsilon) * gamma)
-
-    outputs = tf.cond(count >= FUSED_NORM_ROWS, fused, unfused)
+    mean = tf.reduce_mean(x, -1, keepdims=True)
+    centered = x - mean
+    variance = tf.reduce_mean(tf.square(centered), -1, keepdims=True)
+    scale = tf.math.rsqrt(variance + layer.epsilon) * tf.cast(layer.gamma, tf.float32)
+    outputs = tf.cast(layer.beta, tf.float32) + centered * scale
     return tf.cast(tf.cast(outputs, rows.dtype), layer.compute_dtype)
