@@ -77,19 +77,17 @@ def layer_norm(layer, rows):
     tokens' rows `(R, d)` in serving mode, in the fewest element-wise passes
     (Keras 3 computes `x * inv + (beta - mean * inv)`, one pass more). In
     float32 for half-precision rows, as Keras's; other layer norms (RMS
-    scaling, no `gamma` or `beta`, other axes, float64) are the layer's own
-    call.
+    scaling, no `gamma` or `beta`, another axis than the last, float64) are
+    the layer's own call.
 
-    Not the graph oneDNN fuses into one layer-norm kernel (a training-mode
-    `FusedBatchNormV3` over the rows as channels): 2.2 to 2.8x faster from a
-    few hundred rows where TensorFlow runs with oneDNN, but about 2x slower
-    than Keras's without it, as in TF Serving's release builds
-    (docs/experiments/2026-12-06-serving-rows.md)."""
+    Not the graph oneDNN fuses into one layer-norm kernel: TF Serving's
+    release builds run without oneDNN, and there that graph is slower than
+    Keras's (docs/experiments/2026-12-06-serving-rows.md)."""
     import tensorflow as tf
 
     axis = layer.axis if isinstance(layer.axis, int) else tuple(layer.axis)
     if (
-        axis not in (-1, 1, (-1,), (1,))
+        axis not in (-1, (-1,))
         or layer.rms_scaling
         or layer.gamma is None
         or layer.beta is None
