@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn.generation.weights import reverse_table
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
@@ -227,6 +228,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def call(self, inputs, start_index=0, positions=None, reverse=False):
         if reverse:
             self._check_hidden(inputs.shape)
+            # Inside a decoding's `WeightsReadOnce` on TensorFlow: the table
+            # transposed once per call, not folded into every step's product.
+            table = reverse_table(self.token_embedding)
+            if table is not None:
+                return ops.matmul(inputs, table)
             # `(B, T, d) -> (B, T, V)`; a copy without the Keras mask, which
             # the embedding would drop with a warning (`compute_mask` passes
             # it on instead).

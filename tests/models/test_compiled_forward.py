@@ -222,16 +222,30 @@ def test_assignments_in_the_scope_reach_the_variables():
     assert float(keras.ops.convert_to_numpy(layer.count.value)) == 2.0
 
 
-def test_a_compiled_decoding_loop_reads_no_variable_per_step():
-    """On TensorFlow a compiled decoding (`_task.compiled`) reads and casts
-    the weights once per call: the `tf.while_loop`'s body reads no
-    variable, where the same loop without the scope reads them all at
-    every step."""
-    if keras.backend.backend() != "tensorflow":
-        return  # JAX's compiled loops hoist the reads; PyTorch has no graph
+def loop_body_nodes(fn, spec):
+    """The nodes of the `tf.while_loop` bodies in `fn`'s trace for `spec`."""
     import tensorflow as tf
 
-    model = mixed_language_model()
+    graph = fn.get_concrete_function(spec).graph.as_graph_def()
+    library = graph.library.function
+    bodies = {
+        node.attr["body"].func.name
+        for function in [*library, graph]
+        for node in getattr(function, "node_def", getattr(function, "node", []))
+        if node.op in ("While", "StatelessWhile")
+    }
+    assert bodies and isinstance(spec, tf.TensorSpec)
+    return [
+        node
+        for function in library
+        if function.signature.name in bodies
+        for node in function.node_def
+    ]
+
+
+def decoding_of(model):
+    """A builder of a greedy decoding of 3 steps after a prompt of 4 tokens
+    (2 rows) over `model`'s cache, in a `keras.ops.while_loop`."""
 
     def build():
         def decode(ids):
@@ -249,21 +263,25 @@ def test_a_compiled_decoding_loop_reads_no_variable_per_step():
 
         return decode
 
+    return build
+
+
+def test_a_compiled_decoding_loop_reads_no_variable_per_step():
+    """On TensorFlow a compiled decoding (`_task.compiled`) reads and casts
+    the weights once per call: the `tf.while_loop`'s body reads no
+    variable, where the same loop without the scope reads them all at
+    every step."""
+    if keras.backend.backend() != "tensorflow":
+        return  # JAX's compiled loops hoist the reads; PyTorch has no graph
+    import tensorflow as tf
+
+    model = mixed_language_model()
+
+    build = decoding_of(model)
+
     def reads_in_loop_bodies(fn):
-        graph = fn.get_concrete_function(tf.TensorSpec((2, 4), tf.int32)).graph
-        library = graph.as_graph_def().library.function
-        bodies = {
-            node.attr["body"].func.name
-            for function in [*library, graph.as_graph_def()]
-            for node in getattr(function, "node_def", getattr(function, "node", []))
-            if node.op in ("While", "StatelessWhile")
-        }
-        return sum(
-            node.op == "ReadVariableOp"
-            for function in library
-            if function.signature.name in bodies
-            for node in function.node_def
-        )
+        nodes = loop_body_nodes(fn, tf.TensorSpec((2, 4), tf.int32))
+        return sum(node.op == "ReadVariableOp" for node in nodes)
 
     compiled = _task.compiled(model, "decode", build)
     assert reads_in_loop_bodies(compiled) == 0
@@ -297,3 +315,93 @@ def test_a_nested_scope_reads_the_outer_scopes_values():
 def test_weights_read_once_refuses_what_is_not_a_layer():
     with pytest.raises(ValueError, match="`layers` must hold Keras layers"):
         generation.WeightsReadOnce([np.ones(3)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_the_tied_projection_transposes_its_table_once_per_call(dtype):
+    """On TensorFlow a compiled decoding lays out the tied output
+    projection's `(d, V)` table once, at the scope's start: the loop body
+    multiplies it as it is (no transpose of the table folded into each
+    step's product), with the logits of Keras's own `reverse` call."""
+    if keras.backend.backend() != "tensorflow":
+        return  # the table is laid out on TensorFlow only
+    import tensorflow as tf
+
+    from keras_attn.generation.weights import reverse_table
+
+    model = mixed_language_model() if dtype != "float32" else None
+    if model is None:
+        from keras_attn.models.precision import with_precision
+
+        model = with_precision(mixed_language_model(), "float32")
+    embedding = model.backbone.embedding.token_embedding
+    assert reverse_table(embedding) is None  # outside any scope
+    with generation.WeightsReadOnce([model]) as scope:
+        table = reverse_table(embedding)
+        # Keras's embeddings do not autocast: the table as the variable holds
+        # it, float32 under a mixed policy too (whose logits are float32).
+        expected = keras.ops.transpose(embedding.embeddings.value)
+        assert keras.backend.standardize_dtype(table.dtype) == "float32"
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(table), keras.ops.convert_to_numpy(expected)
+        )
+        with keras.StatelessScope():  # not the innermost scope: not used
+            assert reverse_table(embedding) is None
+    assert id(embedding) in scope._tables
+
+    build = decoding_of(model)
+
+    def table_transposes(fn):
+        return [
+            node.name
+            for node in loop_body_nodes(fn, tf.TensorSpec((2, 4), tf.int32))
+            if node.op == "Transpose" and "token_embedding" in node.name
+        ]
+
+    compiled = _task.compiled(model, "decode", build)
+    assert table_transposes(compiled) == []
+    assert len(table_transposes(tf.function(build()))) == 1
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 1]], "int32")
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(compiled(ids)),
+        keras.ops.convert_to_numpy(build()(ids)),
+    )
+    # The logits themselves, in a graph (the products may sum in another
+    # order than the folded transpose's).
+    hidden = np.random.default_rng(1).normal(size=(3, 1, 16)).astype("float32")
+
+    @tf.function
+    def logits(x):
+        with generation.WeightsReadOnce([model]):
+            return model.backbone.embedding(x, reverse=True)
+
+    found, want = logits(hidden), model.backbone.embedding(hidden, reverse=True)
+    assert found.dtype == want.dtype
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(found),
+        keras.ops.convert_to_numpy(want),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_embeddings_the_scope_does_not_lay_out():
+    """Untied, quantized and LoRA tables keep Keras's own reverse call."""
+    if keras.backend.backend() != "tensorflow":
+        return
+    from keras_attn.generation.weights import reverse_table
+
+    layers = {}
+    for name in ("untied", "int8", "lora", "tied"):
+        layer = keras.layers.ReversibleEmbedding(
+            20, 8, tie_weights=name != "untied", name=name
+        )
+        layer.build((None, 3))
+        if name == "int8":
+            layer.quantize("int8")
+        if name == "lora":
+            layer.enable_lora(2)
+        layers[name] = layer
+    with generation.WeightsReadOnce(list(layers.values())):
+        found = {name: reverse_table(one) is not None for name, one in layers.items()}
+    assert found == {"untied": False, "int8": False, "lora": False, "tied": True}

@@ -494,3 +494,34 @@ def test_key_heads_must_divide_the_query_heads():
         dot_product_attention(Q6, four, four)
     with pytest.raises(ValueError, match=r"same number of heads \(axis 2\)"):
         dot_product_attention(Q6, K[:, :, :2], V[:, :, :3])
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("key_heads", [3, 1])
+def test_a_one_query_step_reads_the_keys_transposed(key_heads):
+    """A decoding step's query (one position) multiplies the cached keys in
+    the values' layout, read transposed by the product (on TensorFlow a
+    batched matmul with `adj_y`), with the same outputs as numpy's; longer
+    queries keep the keys moved to `(B, K, H, Tk)`."""
+    import tensorflow as tf
+
+    mask = make_mask()[:, :, :1]
+    k, v = K[:, :, :key_heads], V[:, :, :key_heads]
+    repeat = 3 // key_heads
+    want, _ = numpy_attention(
+        Q[:, :1], np.repeat(k, repeat, axis=2), np.repeat(v, repeat, axis=2), mask
+    )
+
+    def adjoint_products(query):
+        fn = tf.function(lambda q: dot_product_attention(q, k, v, mask=mask[:, :, :1]))
+        graph = fn.get_concrete_function(tf.TensorSpec(query.shape)).graph
+        return [
+            op.get_attr("adj_y")
+            for op in graph.get_operations()
+            if op.type.startswith("BatchMatMul")
+        ]
+
+    assert adjoint_products(Q[:, :1]) == [True, False]
+    assert adjoint_products(Q) == [False, False]
+    got = dot_product_attention(Q[:, :1], k, v, mask=mask, flash_attention=False)
+    np.testing.assert_allclose(to_numpy(got), want, rtol=1e-5, atol=1e-5)
