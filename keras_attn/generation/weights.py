@@ -99,6 +99,15 @@ class WeightsReadOnce(keras.StatelessScope):
                         keras.ops.transpose(value),
                     )
 
+    def reverse_table(self, embedding):
+        """The `(d, V)` table this scope transposed for a tied
+        `keras.layers.ReversibleEmbedding`, or None: on other backends, or
+        for an embedding it does not lay out (untied, quantized, LoRA,
+        `reverse_dtype` or `logit_soft_cap` set). Read through
+        `keras_attn.layers.token_and_position_embedding.reverse_table`."""
+        found = self._tables.get(id(embedding))
+        return None if found is None else found[1]
+
     def get_current_value(self, variable):
         # `variable.dtype` is the dtype Keras casts this read to.
         found = self._values.get((id(variable), variable.dtype))
@@ -119,21 +128,6 @@ class WeightsReadOnce(keras.StatelessScope):
             variable.assign(value)
         finally:
             global_state.set_global_attribute("stateless_scope", self)
-
-
-def reverse_table(embedding):
-    """The `(d, V)` table a tied `keras.layers.ReversibleEmbedding` projects
-    onto, transposed once by the `WeightsReadOnce` scope the code runs in
-    (its innermost stateless scope), or None: outside such a scope, on
-    other backends, or for an embedding it does not lay out (untied,
-    quantized, LoRA, `reverse_dtype` or `logit_soft_cap` set)."""
-    from keras.src.backend.common import global_state
-
-    scope = global_state.get_global_attribute("stateless_scope")
-    if not isinstance(scope, WeightsReadOnce):
-        return None
-    found = scope._tables.get(id(embedding))
-    return None if found is None else found[1]
 
 
 def _plain_tied_embedding(layer) -> bool:

@@ -9,7 +9,6 @@ import keras
 from keras import ops
 
 from keras_attn import _validation as v
-from keras_attn.generation.weights import reverse_table
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
@@ -49,6 +48,18 @@ def _weight_only_int4_reverse(embedding):
         and getattr(embedding, "inputs_quantizer", None) is not None
     ):
         embedding.inputs_quantizer = None
+
+
+def reverse_table(embedding):
+    """The `(d, V)` table of a tied `keras.layers.ReversibleEmbedding`
+    transposed once by the innermost stateless scope, when that scope lays
+    it out (a decoding's `keras_attn.generation.WeightsReadOnce` on
+    TensorFlow: its `reverse_table`), else None."""
+    from keras.src.backend.common import global_state
+
+    scope = global_state.get_global_attribute("stateless_scope")
+    lookup = getattr(scope, "reverse_table", None)
+    return None if lookup is None else lookup(embedding)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

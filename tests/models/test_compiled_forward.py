@@ -327,7 +327,7 @@ def test_the_tied_projection_transposes_its_table_once_per_call(dtype):
         return  # the table is laid out on TensorFlow only
     import tensorflow as tf
 
-    from keras_attn.generation.weights import reverse_table
+    from keras_attn.layers.token_and_position_embedding import reverse_table
 
     model = mixed_language_model() if dtype != "float32" else None
     if model is None:
@@ -389,7 +389,7 @@ def test_embeddings_the_scope_does_not_lay_out():
     """Untied, quantized and LoRA tables keep Keras's own reverse call."""
     if keras.backend.backend() != "tensorflow":
         return
-    from keras_attn.generation.weights import reverse_table
+    from keras_attn.layers.token_and_position_embedding import reverse_table
 
     layers = {}
     for name in ("untied", "int8", "lora", "tied"):
