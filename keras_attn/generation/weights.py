@@ -84,11 +84,9 @@ class WeightsReadOnce(keras.StatelessScope):
                     variable = sublayer.embeddings  # the variable itself here
                     # The dtype the layer's own read gives: Keras's embeddings
                     # do not autocast, so a mixed policy's logits are float32.
-                    dtype = (
-                        sublayer.compute_dtype
-                        if sublayer.autocast
-                        else keras.backend.standardize_dtype(variable.dtype)
-                    )
+                    dtype = variable.dtype
+                    if sublayer.autocast:
+                        dtype = sublayer.compute_dtype
                     value = self._values.get((id(variable), dtype))
                     if value is None:
                         value = keras.ops.cast(
