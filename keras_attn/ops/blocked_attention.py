@@ -17,15 +17,20 @@ from keras_attn.ops import _hash, counter_random
 from keras_attn.ops.alibi import alibi_bias
 from keras_attn.ops.masks import band_from_positions
 
-# Defaults chosen from indicative timings on a 2-core CPU with TensorFlow
-# (docs/LONG_SEQUENCES.md): query blocks of 16 to 256 rows, as many as keep one
-# (B, N, bq, bk) float32 block within BLOCK_BYTES; key blocks of
-# CAUSAL_KEY_BLOCK_SIZE under a causal mask (whole blocks are skipped), else
-# all the keys at once (a fused softmax per query block).
+# Defaults chosen from indicative timings on 2-core CPUs (docs/LONG_SEQUENCES.md):
+# query blocks of 16 to 256 rows, as many as keep one (B, N, bq, bk) float32
+# block within BLOCK_BYTES; key blocks of CAUSAL_KEY_BLOCK_SIZE under a causal
+# mask or a window (whole blocks are skipped); otherwise all the keys at once (a
+# fused softmax per query block), or key blocks of at most
+# LONG_KEY_BLOCK_SIZE[backend] where that layout's query blocks would be at most
+# THIN_QUERY_ROWS (64 rows at 8k keys of 8 heads, 16 at 32k): there its speed
+# per FLOP falls with the length (`default_key_block_size`).
 MAX_QUERY_BLOCK_SIZE = 256
 MIN_QUERY_BLOCK_SIZE = 16
 BLOCK_BYTES = 16 * 2**20
 CAUSAL_KEY_BLOCK_SIZE = 512
+LONG_KEY_BLOCK_SIZE = {"tensorflow": 2048, "jax": 1024}
+THIN_QUERY_ROWS = 64
 # The backward pass of the one-block layout takes key blocks of
 # BACKWARD_KEY_BLOCK_SIZE and at most BACKWARD_QUERY_BLOCK_SIZE query rows
 # (FlashAttention-2's order, `blocked_passes.backward`; the sizes that did
@@ -86,15 +91,54 @@ class Plan:
         )
 
 
+def default_key_block_size(key_length, batch_heads, masked_blocks: bool, backend: str):
+    """The key block of `key_block_size="auto"`.
+
+    CAUSAL_KEY_BLOCK_SIZE when a causal mask or a window hides blocks
+    (`masked_blocks`). Else key blocks of at most LONG_KEY_BLOCK_SIZE for
+    `backend` when the one-block layout would be thin and long: its query
+    blocks at most THIN_QUERY_ROWS rows (counting a batch size unknown when
+    traced as 1, so any real batch is thinner still) and more than two key
+    blocks' worth of keys; the fewest such blocks, of equal size rounded up
+    to a multiple of 16, so that the padded last block wastes little. Else
+    `None`, all the keys at once (a length known only when run, a short
+    one, or a backend without a measured size).
+    """
+    if masked_blocks:
+        return CAUSAL_KEY_BLOCK_SIZE
+    long_block = LONG_KEY_BLOCK_SIZE.get(backend)
+    if long_block is None or not isinstance(key_length, int):
+        return None
+    if key_length <= 2 * long_block:
+        return None
+    rows = _default_query_block_size(batch_heads, key_length)
+    if rows > THIN_QUERY_ROWS:
+        return None
+    return _even_block_size(key_length, long_block)
+
+
+def _even_block_size(length, limit):
+    """The size of the fewest blocks of at most `limit` that cover a static
+    `length`, of equal size rounded up to a multiple of 16 (the padding of the
+    last block then stays under 16 positions a block); `limit` itself for a
+    length known only when run."""
+    if not isinstance(length, int) or length <= limit:
+        return limit
+    block = _ceil_div(length, _ceil_div(length, limit))
+    return min(_ceil_div(block, 16) * 16, limit)
+
+
 def backward_plan(plan, query_block_size, batch_heads):
     """The plan of the backward pass: `plan` itself when it has key blocks,
-    else key blocks of BACKWARD_KEY_BLOCK_SIZE (`query_block_size` rows, or
+    else key blocks of at most BACKWARD_KEY_BLOCK_SIZE, of equal size
+    (`_even_block_size`) when the length is static (`query_block_size` rows, or
     the default rows up to BACKWARD_QUERY_BLOCK_SIZE), so that the backward
     sweep carries a key block's gradients, not the whole length's."""
     if not plan.single_key_block:
         return plan
+    key_block_size = _even_block_size(plan.key_length, BACKWARD_KEY_BLOCK_SIZE)
     if query_block_size is None:
-        key_block = _block_size(plan.key_length, BACKWARD_KEY_BLOCK_SIZE)
+        key_block = _block_size(plan.key_length, key_block_size)
         query_block_size = _default_query_block_size(batch_heads, key_block)
         if isinstance(query_block_size, int):
             query_block_size = min(query_block_size, BACKWARD_QUERY_BLOCK_SIZE)
@@ -104,7 +148,7 @@ def backward_plan(plan, query_block_size, batch_heads):
         plan.query_length,
         plan.key_length,
         query_block_size,
-        BACKWARD_KEY_BLOCK_SIZE,
+        key_block_size,
         batch_heads=batch_heads,
         groups=plan.groups,
     )

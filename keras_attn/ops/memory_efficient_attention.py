@@ -33,7 +33,6 @@ from keras import ops
 from keras_attn import _validation as v
 from keras_attn.ops import _checks, blocked_attention, blocked_passes, counter_random
 from keras_attn.ops.blocked_attention import (
-    CAUSAL_KEY_BLOCK_SIZE,
     BlockDropout,
     BlockMasks,
     Plan,
@@ -84,15 +83,21 @@ def memory_efficient_attention(
     The backward pass is one sweep in FlashAttention-2's order (Dao 2023)
     either way: key blocks outside, the query blocks that see each inside,
     five block products per block pair. The first layout's backward pass
-    takes key blocks of its own (`BACKWARD_KEY_BLOCK_SIZE`, with at most
-    `BACKWARD_QUERY_BLOCK_SIZE` query rows unless `query_block_size` is
-    given), so that it never carries a whole length's gradients per step.
+    takes key blocks of its own (at most `BACKWARD_KEY_BLOCK_SIZE`, of
+    equal size for a static length, with at most `BACKWARD_QUERY_BLOCK_SIZE`
+    query rows unless `query_block_size` is given), so that it never carries
+    a whole length's gradients per step.
 
     With the default `key_block_size="auto"` the causal mask and the sliding
     window get key blocks of `CAUSAL_KEY_BLOCK_SIZE` (skipping the blocks
-    they hide: about half of the work for the causal mask) and other masks
-    all the keys at once; the default `query_block_size=None` takes the
-    most queries (16 to 256) that keep one block within `BLOCK_BYTES`.
+    they hide: about half of the work for the causal mask); other masks get
+    all the keys at once, or, where that layout's query blocks would be
+    thin (at most `THIN_QUERY_ROWS`, 64, rows: from about 6.6k keys of 8
+    heads at batch 1) and the key length is known and more than twice
+    `LONG_KEY_BLOCK_SIZE` of the backend (2048 on TensorFlow, 1024 on JAX),
+    the fewest key blocks of at most that size, of equal size. The default
+    `query_block_size=None` takes the most queries (16 to 256) that keep one
+    block within `BLOCK_BYTES`.
 
     Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
     `K` heads for the `N` of `query` (`N` a multiple of `K`; `K = 1` is
@@ -194,8 +199,12 @@ def memory_efficient_attention(
     )
     key_block_size = _checks.check_key_block_size(
         key_block_size,
-        default=(
-            CAUSAL_KEY_BLOCK_SIZE if causal or sliding_window is not None else None
+        default=blocked_attention.default_key_block_size(
+            dim(key, 1),
+            # A batch size known only when run counts as 1.
+            batch_heads=(query.shape[0] or 1) * query.shape[2],
+            masked_blocks=causal or sliding_window is not None,
+            backend=keras.backend.backend(),
         ),
     )
     dropout_rate = v.check_rate("dropout_rate", dropout_rate)

@@ -189,6 +189,78 @@ def test_default_blocks_compiled(kind):
         np.testing.assert_allclose(g, w, atol=1e-5)
 
 
+def test_default_key_blocks():
+    default = blocked_attention.default_key_block_size
+    causal_block = blocked_attention.CAUSAL_KEY_BLOCK_SIZE
+    long_block = blocked_attention.LONG_KEY_BLOCK_SIZE["tensorflow"]
+    # A causal mask or a window: blocks that they hide are skipped.
+    assert default(100, 8, masked_blocks=True, backend="tensorflow") == causal_block
+    assert default(10**5, 8, True, "jax") == causal_block
+    # Otherwise all the keys while the one-block layout's query blocks keep
+    # more than THIN_QUERY_ROWS rows (8 heads at batch 1: 80 rows at 6k keys,
+    # 64 at 8k)...
+    assert default(6000, 8, False, "tensorflow") is None
+    assert default(8192, 8, False, "tensorflow") == long_block
+    # ... or while two key blocks would hold them all.
+    assert default(2 * long_block, 10**4, False, "tensorflow") is None
+    # Then the fewest blocks of at most the backend's size, split evenly (a
+    # multiple of 16), so that the padding of the last block stays small.
+    for backend in ("tensorflow", "jax"):
+        limit = blocked_attention.LONG_KEY_BLOCK_SIZE[backend]
+        for length in (2 * limit + 1, 3 * limit - 5, 5 * limit + 17):
+            block = default(length, 10**4, False, backend)
+            num_blocks = -(-length // block)
+            assert block <= limit and block % 16 == 0
+            assert num_blocks == -(-length // limit)
+            assert num_blocks * block - length < 16 * num_blocks
+    # The one-block layout's backward pass splits its keys the same way.
+    backward_limit = blocked_attention.BACKWARD_KEY_BLOCK_SIZE
+    for length in (backward_limit, backward_limit + 1, 3 * backward_limit - 5):
+        plan = blocked_attention.Plan(7, length, None, None, batch_heads=8)
+        backward = blocked_attention.backward_plan(plan, None, batch_heads=8)
+        assert backward.num_key_blocks == -(-length // backward_limit)
+        padding = backward.padded_key_length - length
+        assert padding < 16 * backward.num_key_blocks
+    # A length known only when run, or a backend without a measured size.
+    assert default(ops.convert_to_tensor(10**6), 8, False, "tensorflow") is None
+    assert default(10**6, 8, False, "torch") is None
+
+
+@pytest.mark.parametrize("kind", ["none", "key_padding", "explicit"])
+def test_long_keys_take_key_blocks_by_default(kind, monkeypatch):
+    """Where the one-block layout is thin (here: any query block) and past
+    twice `LONG_KEY_BLOCK_SIZE` (5 here) keys, full attention takes key
+    blocks of at most that size by default, with the explicit path's
+    outputs and gradients."""
+    backend = keras.backend.backend()
+    monkeypatch.setitem(blocked_attention.LONG_KEY_BLOCK_SIZE, backend, 5)
+    monkeypatch.setattr(
+        blocked_attention, "THIN_QUERY_ROWS", blocked_attention.MAX_QUERY_BLOCK_SIZE
+    )
+    module = sys.modules[attention.__module__]
+    plans = []
+
+    class RecordedPlan(blocked_attention.Plan):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            plans.append(self)
+
+    monkeypatch.setattr(module, "Plan", RecordedPlan)
+    kwargs, full = mask_case(kind)
+    assert_same_outputs_and_gradients(
+        lambda q, k, v: attention(q, k, v, **kwargs),
+        lambda q, k, v: explicit(q, k, v, full),
+    )
+    assert plans and plans[0].key_block == 5 and plans[0].num_key_blocks == 3
+    plans.clear()
+    attention(Q, K[:, :10], V[:, :10])  # 10 keys: all at once
+    assert plans[0].single_key_block and plans[0].key_block == 10
+    plans.clear()
+    monkeypatch.setattr(blocked_attention, "THIN_QUERY_ROWS", 64)
+    attention(Q, K, V)  # query blocks of all 11 rows: not thin
+    assert plans[0].single_key_block and plans[0].key_block == TK
+
+
 @pytest.mark.parametrize("layout", ["key_blocks", "all_keys"])
 def test_causal_offset_may_be_a_tensor(layout):
     _, full = mask_case("causal_offset")
