@@ -35,6 +35,11 @@ the bfloat16 export).
 `--sentiment-texts test` sends the movie-review corpus's test split (real
 reviews) to the sentiment exports instead of the fixtures' short texts.
 
+`--kernels eigen` runs TensorFlow's Eigen kernels, as TF Serving's release
+binaries do (they are built without oneDNN; `TF_ENABLE_ONEDNN_OPTS=0`, set
+before TensorFlow loads); `--kernels onednn` runs oneDNN's, pip
+TensorFlow's default on x86. The report names the kernels that ran.
+
 `--intra-op-threads N --inter-op-threads M` give the session the thread
 pools that tensorflow_model_server's `--tensorflow_intra_op_parallelism` and
 `--tensorflow_inter_op_parallelism` set (0, the default: one per core), set
@@ -391,6 +396,16 @@ def memory_rounds(server, task, texts, batch_sizes, warmup_rounds, rounds, threa
     return before, resident_bytes()
 
 
+def onednn_enabled() -> bool:
+    """Whether this process's TensorFlow runs its oneDNN kernels (TensorFlow's
+    own answer, which reads TF_ENABLE_ONEDNN_OPTS and the build's default)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # not in this TensorFlow: the documented variable
+        return os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0"
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for task in TASKS:
@@ -444,7 +459,18 @@ def main():
         help="the session's inter-op threads, as "
         "--tensorflow_inter_op_parallelism (0: TensorFlow's choice)",
     )
+    parser.add_argument(
+        "--kernels",
+        choices=("onednn", "eigen"),
+        default=None,
+        help="TensorFlow's CPU kernels: `eigen` sets TF_ENABLE_ONEDNN_OPTS=0 "
+        "before TensorFlow loads (what TF Serving's release binaries run, "
+        "built without oneDNN), `onednn` sets it to 1 (pip TensorFlow's "
+        "default on x86); by default the environment decides",
+    )
     args = parser.parse_args()
+    if args.kernels is not None:  # read once, when TensorFlow loads
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0" if args.kernels == "eigen" else "1"
     import tensorflow as tf
 
     # The intra-op pool is the process's, made by whatever runs an op first
@@ -580,6 +606,8 @@ def main():
                 variant.close()
     peak_text = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items())
     print(f"\n2048x2048 tf.matmul in this process: {peak_text}")
+    onednn = onednn_enabled()
+    print("Kernels: " + ("oneDNN" if onednn else "Eigen (TF_ENABLE_ONEDNN_OPTS=0)"))
     print(
         f"Session threads: intra-op {args.intra_op_threads or 'auto'}, "
         f"inter-op {args.inter_op_threads or 'auto'} ({os.cpu_count()} cores)"

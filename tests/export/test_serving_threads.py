@@ -127,9 +127,13 @@ def test_serving_bench_serves_with_the_threads_it_is_given(small_sentiment_expor
         "--rounds", "1", "--warmup-rounds", "1",
         "--intra-op-threads", "1", "--inter-op-threads", "2",
         "--sentiment-texts", "test",
+        "--kernels", "eigen",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Session threads: intra-op 1, inter-op 2 (" in done.stdout
+    # TensorFlow's own answer in the benchmark's process: the kernels of TF
+    # Serving's release binaries, whatever the test process runs.
+    assert "Kernels: Eigen (TF_ENABLE_ONEDNN_OPTS=0)" in done.stdout
     assert "Sentiment texts: the movie reviews' test split (1030 texts)" in done.stdout
     load = [
         line
