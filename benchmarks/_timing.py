@@ -1,4 +1,5 @@
-"""Timing helpers shared by the benchmarks: alternate rounds, medians, peak."""
+"""Timing helpers shared by the benchmarks: alternate rounds, medians, peak,
+and what the machine runs them on."""
 
 from __future__ import annotations
 
@@ -61,3 +62,14 @@ def machine() -> dict:
         info[flag] = flag in flags
     info["load_average"] = os.getloadavg()[0]
     return info
+
+
+def onednn_enabled() -> bool:
+    """Whether this process's TensorFlow runs its oneDNN kernels (TensorFlow's
+    own answer, which reads TF_ENABLE_ONEDNN_OPTS and the build's default);
+    False means Eigen's, the kernels of TF Serving's release binaries."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # not in this TensorFlow: the documented variable
+        return os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0"
+    return bool(_pywrap_util_port.IsMklEnabled())

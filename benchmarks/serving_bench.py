@@ -81,6 +81,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
+from _timing import onednn_enabled
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # serving_standin: test tooling, not installed
@@ -394,16 +395,6 @@ def memory_rounds(server, task, texts, batch_sizes, warmup_rounds, rounds, threa
     for _ in range(rounds):
         one_round()
     return before, resident_bytes()
-
-
-def onednn_enabled() -> bool:
-    """Whether this process's TensorFlow runs its oneDNN kernels (TensorFlow's
-    own answer, which reads TF_ENABLE_ONEDNN_OPTS and the build's default)."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-    except ImportError:  # not in this TensorFlow: the documented variable
-        return os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0"
-    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def main():

@@ -54,6 +54,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
+from _timing import onednn_enabled
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # serving_standin: test tooling, not installed
@@ -318,7 +319,7 @@ def floor(rows: int, blocks: int, width: int, intermediate: int) -> None:
     shapes = [(width, width)] * 4 + [(width, intermediate), (intermediate, width)]
     print(
         f"{blocks} blocks of width {width} and {intermediate}, {rows} rows, "
-        f"oneDNN {'off' if os.environ.get('TF_ENABLE_ONEDNN_OPTS') == '0' else 'on'}"
+        f"oneDNN {'on' if onednn_enabled() else 'off'}"
     )
     for dtype in (tf.float32, tf.bfloat16):
         rng = np.random.default_rng(0)
