@@ -24,11 +24,20 @@ from keras_attn.ops.masks import band_from_positions
 # fused softmax per query block), or key blocks of at most
 # LONG_KEY_BLOCK_SIZE[backend] where that layout's query blocks would be at most
 # THIN_QUERY_ROWS (64 rows at 8k keys of 8 heads, 16 at 32k): there its speed
-# per FLOP falls with the length (`default_key_block_size`).
+# per FLOP falls with the length (`default_key_block_size`). On TensorFlow a
+# causal mask without a window takes bigger blocks (`CAUSAL_BLOCKS`).
 MAX_QUERY_BLOCK_SIZE = 256
 MIN_QUERY_BLOCK_SIZE = 16
 BLOCK_BYTES = 16 * 2**20
 CAUSAL_KEY_BLOCK_SIZE = 512
+# Causal attention without a window, per backend: up to `max_query_rows`
+# query rows (within BLOCK_BYTES), and key blocks of at most `max_key_block`
+# that still cut the keys into at least `min_key_blocks` blocks (never fewer
+# than CAUSAL_KEY_BLOCK_SIZE keys a block): bigger blocks cost less per
+# FLOP, and the many blocks keep the diagonal blocks' masked half small.
+CAUSAL_BLOCKS = {
+    "tensorflow": {"max_query_rows": 512, "max_key_block": 1024, "min_key_blocks": 16}
+}
 LONG_KEY_BLOCK_SIZE = {"tensorflow": 2048, "jax": 1024}
 THIN_QUERY_ROWS = 64
 # The backward pass of the one-block layout takes key blocks of
@@ -62,6 +71,7 @@ class Plan:
         key_block_size,
         batch_heads,
         groups=1,
+        max_query_block_size=MAX_QUERY_BLOCK_SIZE,
     ):
         self.query_length, self.key_length = query_length, key_length
         # Query heads per key/value head (grouped-query attention).
@@ -74,7 +84,9 @@ class Plan:
             self.num_key_blocks = _ceil_div(key_length, self.key_block)
             self.padded_key_length = self.num_key_blocks * self.key_block
         if query_block_size is None:
-            query_block_size = _default_query_block_size(batch_heads, self.key_block)
+            query_block_size = _default_query_block_size(
+                batch_heads, self.key_block, max_query_block_size
+            )
         self.query_block = _block_size(query_length, query_block_size)
         self.num_query_blocks = _ceil_div(query_length, self.query_block)
         # One block of all the keys: a plain softmax per query block (the
@@ -91,11 +103,18 @@ class Plan:
         )
 
 
-def default_key_block_size(key_length, batch_heads, masked_blocks: bool, backend: str):
+def default_key_block_size(
+    key_length, batch_heads, masked_blocks: bool, backend: str, windowed=False
+):
     """The key block of `key_block_size="auto"`.
 
-    CAUSAL_KEY_BLOCK_SIZE when a causal mask or a window hides blocks
-    (`masked_blocks`). Else key blocks of at most LONG_KEY_BLOCK_SIZE for
+    Blocks of at most CAUSAL_KEY_BLOCK_SIZE when a causal mask or a window
+    hides blocks (`masked_blocks`; `windowed` for a window), the fewest of
+    equal size for a static length (`_even_block_size`); for a causal mask
+    without a window on a backend of CAUSAL_BLOCKS and a static length, the
+    fewest equal blocks of at most its `max_key_block` that still make
+    `min_key_blocks` blocks, at least CAUSAL_KEY_BLOCK_SIZE.
+    Else key blocks of at most LONG_KEY_BLOCK_SIZE for
     `backend` when the one-block layout would be thin and long: its query
     blocks at most THIN_QUERY_ROWS rows (counting a batch size unknown when
     traced as 1, so any real batch is thinner still) and more than two key
@@ -105,7 +124,12 @@ def default_key_block_size(key_length, batch_heads, masked_blocks: bool, backend
     one, or a backend without a measured size).
     """
     if masked_blocks:
-        return CAUSAL_KEY_BLOCK_SIZE
+        causal = CAUSAL_BLOCKS.get(backend)
+        if windowed or causal is None or not isinstance(key_length, int):
+            return _even_block_size(key_length, CAUSAL_KEY_BLOCK_SIZE)
+        block = _ceil_div(_ceil_div(key_length, causal["min_key_blocks"]), 16) * 16
+        block = min(max(block, CAUSAL_KEY_BLOCK_SIZE), causal["max_key_block"])
+        return _even_block_size(key_length, block)
     long_block = LONG_KEY_BLOCK_SIZE.get(backend)
     if long_block is None or not isinstance(key_length, int):
         return None
@@ -154,16 +178,26 @@ def backward_plan(plan, query_block_size, batch_heads):
     )
 
 
-def _default_query_block_size(batch_heads, key_block):
-    """The most query rows, a multiple of 16 in [16, 256], that keep a
+def max_query_block_size(causal: bool, windowed: bool, backend: str):
+    """The most query rows of a default query block: CAUSAL_BLOCKS's
+    `max_query_rows` for a causal mask without a window on its backends,
+    else MAX_QUERY_BLOCK_SIZE."""
+    causal_blocks = CAUSAL_BLOCKS.get(backend)
+    if causal and not windowed and causal_blocks is not None:
+        return causal_blocks["max_query_rows"]
+    return MAX_QUERY_BLOCK_SIZE
+
+
+def _default_query_block_size(batch_heads, key_block, max_rows=MAX_QUERY_BLOCK_SIZE):
+    """The most query rows, a multiple of 16 in [16, `max_rows`], that keep a
     `(B, N, bq, bk)` float32 block within BLOCK_BYTES."""
     per_row = batch_heads * key_block * 4  # bytes of one query row of a block
     if isinstance(per_row, int):
         rows = BLOCK_BYTES // max(per_row, 1) // 16 * 16
-        return min(max(rows, MIN_QUERY_BLOCK_SIZE), MAX_QUERY_BLOCK_SIZE)
+        return min(max(rows, MIN_QUERY_BLOCK_SIZE), max_rows)
     rows = ops.floor_divide(BLOCK_BYTES, ops.maximum(ops.cast(per_row, "int32"), 1))
     rows = ops.floor_divide(rows, 16) * 16
-    return ops.clip(rows, MIN_QUERY_BLOCK_SIZE, MAX_QUERY_BLOCK_SIZE)
+    return ops.clip(rows, MIN_QUERY_BLOCK_SIZE, max_rows)
 
 
 def _block_size(length, block_size):
@@ -268,11 +302,18 @@ class BlockMasks:
             or self.explicit is not None
         )
 
-    def block(self, i, j, query_flags, key_flags):
+    @property
+    def band(self):
+        """Whether a causal mask or a window hides keys by position."""
+        return self.causal or self.window is not None
+
+    def block(self, i, j, query_flags, key_flags, band=True):
         """Boolean mask of block pair `(i, j)`, `(B|1, N|1, bq|1, bk|1)`, or None.
 
         `query_flags` `(B, bq)` and `key_flags` `(B|1, bk)` are the padding
-        flags of the two blocks (or None).
+        flags of the two blocks (or None). `band=False` leaves out the causal
+        mask and the window (for a pair they hide nothing of,
+        `band_hides_keys`).
         """
         plan = self.plan
         mask = None
@@ -281,7 +322,7 @@ class BlockMasks:
         if query_flags is not None:
             rows = query_flags[:, None, :, None]  # (B, 1, bq, 1)
             mask = rows if mask is None else ops.logical_and(mask, rows)
-        if self.causal or self.window is not None:
+        if band and self.band:
             query_positions, key_positions = self.positions(i, j)
             visible = band_from_positions(
                 query_positions, key_positions, self.causal, self.window
@@ -300,6 +341,28 @@ class BlockMasks:
             )  # (B|1, N|1, bq, bk)
             mask = explicit if mask is None else ops.logical_and(mask, explicit)
         return mask
+
+    def band_hides_keys(self, i, j):
+        """Whether the causal mask or the window hides any key of block pair
+        `(i, j)` from any of its queries: a bool scalar. Most pairs that a
+        causal mask or a window leaves visible at all are visible whole; only
+        the pairs across the band's edges need its mask."""
+        plan = self.plan
+        first_query = i * plan.query_block + self.causal_offset
+        last_query = first_query + plan.query_block - 1
+        first_key = j * plan.key_block
+        last_key = first_key + plan.key_block - 1
+        hidden = []
+        if self.causal:  # a key after the first query
+            hidden.append(ops.greater(last_key, first_query))
+        if self.window is not None:  # a key a window or more before the last query
+            hidden.append(ops.less_equal(first_key, last_query - self.window))
+            if not self.causal:  # or a window or more after the first query
+                hidden.append(ops.greater_equal(last_key, first_query + self.window))
+        hides = hidden[0]
+        for condition in hidden[1:]:
+            hides = ops.logical_or(hides, condition)
+        return hides
 
     def positions(self, i, j):
         """Positions among the keys of block pair `(i, j)`'s queries `(bq,)`

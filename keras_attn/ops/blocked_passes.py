@@ -90,13 +90,28 @@ def _key_side(weights, rows, groups):
 
 def _masked_logits(query, key, i, j, masks, query_flags, key_flags):
     """Logits `(B, N, bq, bk)` float32 of block pair `(i, j)`, masked entries
-    at MASK_VALUE, and the block's mask (or None)."""
+    at MASK_VALUE.
+
+    A causal mask or a window is applied only to the pairs it hides keys of
+    (a `cond`): the others, most of the visible pairs, skip building and
+    applying it, a pass over the block.
+    """
     logits = _scores(query, key, masks.plan.groups)
     logits = masks.add_bias(logits, i, j)
-    mask = masks.block(i, j, query_flags, key_flags) if masks.any else None
-    if mask is not None:
-        logits = ops.where(mask, logits, MASK_VALUE)
-    return logits, mask
+    if not masks.any:
+        return logits
+
+    def masked(band):
+        mask = masks.block(i, j, query_flags, key_flags, band=band)
+        return logits if mask is None else ops.where(mask, logits, MASK_VALUE)
+
+    if not masks.band:
+        return masked(band=False)
+    return ops.cond(
+        masks.band_hides_keys(i, j),
+        lambda: masked(band=True),
+        lambda: masked(band=False),
+    )
 
 
 def _python_loops() -> bool:
@@ -299,7 +314,7 @@ def forward_single(query_blocks, key, value, plan, masks, dropout):
     def query_block(elements):
         query, query_flags, i = elements  # (B, N, bq, H), (B, bq), ()
         query_flags = _real_flags(query_flags, masks.query_blocks)
-        logits, _ = _masked_logits(
+        logits = _masked_logits(
             query, key, i, 0, masks, query_flags, key_flags
         )  # (B, N, bq, Tk)
         weights = ops.softmax(logits, axis=-1)
@@ -353,7 +368,7 @@ def forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
 
         def key_step(j, carry):
             log_normaliser, outputs = carry  # (B, N, bq, 1), (B, N, bq, Hv)
-            logits, _ = _masked_logits(
+            logits = _masked_logits(
                 query,
                 ops.take(key_blocks, j, axis=0),
                 i,
@@ -405,7 +420,7 @@ def forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
 
 def _block_weights(query, log_normaliser, key, i, j, masks, query_flags, key_flags):
     """Recomputed normalised weights `(B, N, bq, bk)` float32 of block `(i, j)`."""
-    logits, _ = _masked_logits(query, key, i, j, masks, query_flags, key_flags)
+    logits = _masked_logits(query, key, i, j, masks, query_flags, key_flags)
     return ops.exp(logits - log_normaliser)
 
 

@@ -89,15 +89,20 @@ def memory_efficient_attention(
     a whole length's gradients per step.
 
     With the default `key_block_size="auto"` the causal mask and the sliding
-    window get key blocks of `CAUSAL_KEY_BLOCK_SIZE` (skipping the blocks
-    they hide: about half of the work for the causal mask); other masks get
+    window get key blocks of at most `CAUSAL_KEY_BLOCK_SIZE`, of equal size
+    for a static length, and skip the blocks they hide (about half of the
+    work for the causal mask). On TensorFlow a causal mask without a window
+    takes up to 1024 keys and 512 query rows a block (`CAUSAL_BLOCKS`)
+    while the keys still make 16 blocks. Either way the causal mask and the
+    window are applied only to the block pairs they hide keys of (the
+    diagonal's, the window's edges). Other masks get
     all the keys at once, or, where that layout's query blocks would be
     thin (at most `THIN_QUERY_ROWS`, 64, rows: from about 6.6k keys of 8
     heads at batch 1) and the key length is known and more than twice
     `LONG_KEY_BLOCK_SIZE` of the backend (2048 on TensorFlow, 1024 on JAX),
     the fewest key blocks of at most that size, of equal size. The default
-    `query_block_size=None` takes the most queries (16 to 256) that keep one
-    block within `BLOCK_BYTES`.
+    `query_block_size=None` takes the most queries (16 to 256; to 512 in
+    TensorFlow's causal blocks) that keep one block within `BLOCK_BYTES`.
 
     Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
     `K` heads for the `N` of `query` (`N` a multiple of `K`; `K = 1` is
@@ -205,6 +210,7 @@ def memory_efficient_attention(
             batch_heads=(query.shape[0] or 1) * query.shape[2],
             masked_blocks=causal or sliding_window is not None,
             backend=keras.backend.backend(),
+            windowed=sliding_window is not None,
         ),
     )
     dropout_rate = v.check_rate("dropout_rate", dropout_rate)
@@ -226,6 +232,9 @@ def memory_efficient_attention(
         key_block_size,
         batch_heads=batch * query.shape[2],
         groups=groups,
+        max_query_block_size=blocked_attention.max_query_block_size(
+            causal, sliding_window is not None, keras.backend.backend()
+        ),
     )
     # The tensors the passes read besides the heads enter `attend` as its
     # arguments, not from its closure: on JAX a custom gradient that closes

@@ -196,6 +196,28 @@ def test_default_key_blocks():
     # A causal mask or a window: blocks that they hide are skipped.
     assert default(100, 8, masked_blocks=True, backend="tensorflow") == causal_block
     assert default(10**5, 8, True, "jax") == causal_block
+    assert default(10**5, 8, True, "tensorflow", windowed=True) == causal_block
+    # On TensorFlow a causal mask alone takes bigger blocks while they still
+    # cut the keys into `min_key_blocks`: 512 keys a block at 8k, 1024 from 16k.
+    causal_blocks = blocked_attention.CAUSAL_BLOCKS["tensorflow"]
+    assert default(8192, 8, True, "tensorflow") == causal_block
+    assert default(16384, 8, True, "tensorflow") == 1024
+    assert default(10**5, 8, True, "tensorflow") == causal_blocks["max_key_block"]
+    block = default(12000, 8, True, "tensorflow")  # 750 rounded up to 16
+    assert block == 752 and -(-12000 // block) == causal_blocks["min_key_blocks"]
+    assert default(ops.convert_to_tensor(10**5), 8, True, "tensorflow") == 512
+    # Other static lengths take equal blocks of at most CAUSAL_KEY_BLOCK_SIZE:
+    # 2,049 keys five blocks of 416, not of 512 (2,560 keys, 511 padding).
+    for length, windowed, backend in [(2049, False, "jax"), (2049, True, "tensorflow")]:
+        assert default(length, 8, True, backend, windowed=windowed) == 416
+    # ... and query blocks of up to `max_query_rows` there.
+    max_rows = blocked_attention.max_query_block_size
+    assert max_rows(True, False, "tensorflow") == causal_blocks["max_query_rows"]
+    for args in [(True, True, "tensorflow"), (False, False, "tensorflow")]:
+        assert max_rows(*args) == blocked_attention.MAX_QUERY_BLOCK_SIZE
+    assert max_rows(True, False, "jax") == blocked_attention.MAX_QUERY_BLOCK_SIZE
+    plan = blocked_attention.Plan(8192, 8192, None, 512, 8, max_query_block_size=512)
+    assert plan.query_block == 512
     # Otherwise all the keys while the one-block layout's query blocks keep
     # more than THIN_QUERY_ROWS rows (8 heads at batch 1: 80 rows at 6k keys,
     # 64 at 8k)...
@@ -224,6 +246,42 @@ def test_default_key_blocks():
     # A length known only when run, or a backend without a measured size.
     assert default(ops.convert_to_tensor(10**6), 8, False, "tensorflow") is None
     assert default(10**6, 8, False, "torch") is None
+
+
+@pytest.mark.parametrize(
+    ("causal", "window"), [(True, None), (True, 8), (False, 7), (False, 3)]
+)
+@pytest.mark.parametrize("offset", [-3, 0, 2, 9])
+def test_band_mask_only_where_it_hides_keys(causal, window, offset):
+    """`BlockMasks.band_hides_keys(i, j)` is true exactly for the block pairs
+    where the causal mask or the window hides a key from a query (padding
+    positions included), so the pairs that skip the band's mask lose
+    nothing and every pair that can skip it does."""
+    plan = blocked_attention.Plan(TQ, TK, 4, 3, batch_heads=B * N)
+    masks = blocked_attention.BlockMasks(
+        plan, None, None, None, causal, ops.convert_to_tensor(offset), window
+    )
+    query_positions = np.arange(plan.padded_query_length) + offset
+    key_positions = np.arange(plan.padded_key_length)
+    distance = query_positions[:, None] - key_positions[None, :]
+    visible = np.ones_like(distance, bool)
+    if causal:
+        visible &= distance >= 0
+    if window is not None:
+        visible &= distance < window
+        if not causal:
+            visible &= distance > -window
+    hidden_somewhere = []
+    for i in range(plan.num_query_blocks):
+        for j in range(plan.num_key_blocks):
+            block = visible[i * 4 : (i + 1) * 4, j * 3 : (j + 1) * 3]
+            got = bool(to_numpy(masks.band_hides_keys(i, j)))
+            assert got == (not block.all()), (i, j)
+            hidden_somewhere.append(got)
+    # Pairs of both kinds, except where the window is narrower than a query
+    # block's span (then it cuts into every pair it leaves visible).
+    assert any(hidden_somewhere)
+    assert all(hidden_somewhere) == (window == 3)
 
 
 @pytest.mark.parametrize("kind", ["none", "key_padding", "explicit"])
