@@ -81,7 +81,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
-from _timing import onednn_enabled
+from _timing import matmul_peak, onednn_enabled
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # serving_standin: test tooling, not installed
@@ -223,22 +223,6 @@ def run_export(
 
 def variables_bytes(export: Path) -> int:
     return sum(f.stat().st_size for f in (Path(export) / "variables").iterdir())
-
-
-def matmul_peak(dtype: str = "float32", size: int = 2048, rounds: int = 7) -> float:
-    """GFLOP/s of a `size`² `tf.matmul` in `dtype` (median of `rounds`)."""
-    import tensorflow as tf
-
-    a = tf.random.normal([size, size], dtype=tf.float32)
-    a = tf.cast(a, dtype)
-    matmul = tf.function(lambda x: tf.matmul(x, x))
-    matmul(a).numpy()
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        matmul(a).numpy()
-        seconds.append(time.perf_counter() - start)
-    return 2 * size**3 / np.median(seconds) / 1e9
 
 
 def classifier_flops(model, texts: list) -> float:
@@ -493,9 +477,9 @@ def main():
     failures, notes = [], []
     sequential_rows, load_rows, memory_rows, size_rows = [], [], [], []
     work = {}  # batch size -> useful FLOPs of the sentiment batch timed
-    peaks = {"float32": matmul_peak("float32")}
+    peaks = {"float32": matmul_peak("float32") / 1e9}
     if args.precisions and "bfloat16" in args.precisions:
-        peaks["bfloat16"] = matmul_peak("bfloat16")
+        peaks["bfloat16"] = matmul_peak("bfloat16") / 1e9
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for task in tasks:
