@@ -40,6 +40,13 @@ CAUSAL_BLOCKS = {
 }
 LONG_KEY_BLOCK_SIZE = {"tensorflow": 2048, "jax": 1024}
 THIN_QUERY_ROWS = 64
+# The long layout's blocks on TensorFlow: LONG_QUERY_ROWS query rows, key
+# blocks of at most LONG_KEY_BLOCK_SIZE within LONG_BLOCK_BYTES (at least
+# CAUSAL_KEY_BLOCK_SIZE keys), the query rows then within LONG_BLOCK_BYTES
+# too: at batch 2 and 4 a few 32 MiB blocks of 256 rows beat 16 MiB ones of
+# 64-128 rows (docs/experiments/2026-12-06-causal-blocks.md).
+LONG_BLOCK_BYTES = {"tensorflow": 32 * 2**20}
+LONG_QUERY_ROWS = 256
 # The backward pass of the one-block layout takes key blocks of
 # BACKWARD_KEY_BLOCK_SIZE and at most BACKWARD_QUERY_BLOCK_SIZE query rows
 # (FlashAttention-2's order, `blocked_passes.backward`; the sizes that did
@@ -72,6 +79,7 @@ class Plan:
         batch_heads,
         groups=1,
         max_query_block_size=MAX_QUERY_BLOCK_SIZE,
+        block_bytes=BLOCK_BYTES,
     ):
         self.query_length, self.key_length = query_length, key_length
         # Query heads per key/value head (grouped-query attention).
@@ -85,7 +93,7 @@ class Plan:
             self.padded_key_length = self.num_key_blocks * self.key_block
         if query_block_size is None:
             query_block_size = _default_query_block_size(
-                batch_heads, self.key_block, max_query_block_size
+                batch_heads, self.key_block, max_query_block_size, block_bytes
             )
         self.query_block = _block_size(query_length, query_block_size)
         self.num_query_blocks = _ceil_div(query_length, self.query_block)
@@ -138,7 +146,21 @@ def default_key_block_size(
     rows = _default_query_block_size(batch_heads, key_length)
     if rows > THIN_QUERY_ROWS:
         return None
+    block_bytes = LONG_BLOCK_BYTES.get(backend)
+    if block_bytes is not None:
+        fitting = block_bytes // (max(batch_heads, 1) * LONG_QUERY_ROWS * 4)
+        long_block = min(long_block, max(fitting // 16 * 16, CAUSAL_KEY_BLOCK_SIZE))
     return _even_block_size(key_length, long_block)
+
+
+def block_bytes(long_layout: bool, backend: str) -> int:
+    """The bytes of one `(B, N, bq, bk)` float32 block that the default query
+    rows keep within: LONG_BLOCK_BYTES of the backend for the long layout
+    (key blocks `default_key_block_size` took for full attention), else
+    BLOCK_BYTES."""
+    if long_layout:
+        return LONG_BLOCK_BYTES.get(backend, BLOCK_BYTES)
+    return BLOCK_BYTES
 
 
 def _even_block_size(length, limit):
@@ -188,14 +210,16 @@ def max_query_block_size(causal: bool, windowed: bool, backend: str):
     return MAX_QUERY_BLOCK_SIZE
 
 
-def _default_query_block_size(batch_heads, key_block, max_rows=MAX_QUERY_BLOCK_SIZE):
+def _default_query_block_size(
+    batch_heads, key_block, max_rows=MAX_QUERY_BLOCK_SIZE, block_bytes=BLOCK_BYTES
+):
     """The most query rows, a multiple of 16 in [16, `max_rows`], that keep a
-    `(B, N, bq, bk)` float32 block within BLOCK_BYTES."""
+    `(B, N, bq, bk)` float32 block within `block_bytes`."""
     per_row = batch_heads * key_block * 4  # bytes of one query row of a block
     if isinstance(per_row, int):
-        rows = BLOCK_BYTES // max(per_row, 1) // 16 * 16
+        rows = block_bytes // max(per_row, 1) // 16 * 16
         return min(max(rows, MIN_QUERY_BLOCK_SIZE), max_rows)
-    rows = ops.floor_divide(BLOCK_BYTES, ops.maximum(ops.cast(per_row, "int32"), 1))
+    rows = ops.floor_divide(block_bytes, ops.maximum(ops.cast(per_row, "int32"), 1))
     rows = ops.floor_divide(rows, 16) * 16
     return ops.clip(rows, MIN_QUERY_BLOCK_SIZE, max_rows)
 

@@ -100,9 +100,11 @@ def memory_efficient_attention(
     thin (at most `THIN_QUERY_ROWS`, 64, rows: from about 6.6k keys of 8
     heads at batch 1) and the key length is known and more than twice
     `LONG_KEY_BLOCK_SIZE` of the backend (2048 on TensorFlow, 1024 on JAX),
-    the fewest key blocks of at most that size, of equal size. The default
-    `query_block_size=None` takes the most queries (16 to 256; to 512 in
-    TensorFlow's causal blocks) that keep one block within `BLOCK_BYTES`.
+    the fewest key blocks of at most that size, of equal size (on
+    TensorFlow also within `LONG_BLOCK_BYTES` with `LONG_QUERY_ROWS` query
+    rows). The default `query_block_size=None` takes the most queries (16
+    to 256; to 512 in TensorFlow's causal blocks) that keep one block within
+    `BLOCK_BYTES` (`LONG_BLOCK_BYTES` in TensorFlow's long layout).
 
     Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
     `K` heads for the `N` of `query` (`N` a multiple of `K`; `K = 1` is
@@ -202,6 +204,7 @@ def memory_efficient_attention(
     sliding_window = v.check_positive_int(
         "sliding_window", sliding_window, allow_none=True
     )
+    auto_key_blocks = isinstance(key_block_size, str) and key_block_size == "auto"
     key_block_size = _checks.check_key_block_size(
         key_block_size,
         default=blocked_attention.default_key_block_size(
@@ -234,6 +237,14 @@ def memory_efficient_attention(
         groups=groups,
         max_query_block_size=blocked_attention.max_query_block_size(
             causal, sliding_window is not None, keras.backend.backend()
+        ),
+        block_bytes=blocked_attention.block_bytes(
+            # Full attention's long layout: key blocks the default took.
+            long_layout=auto_key_blocks
+            and not causal
+            and sliding_window is None
+            and key_block_size is not None,
+            backend=keras.backend.backend(),
         ),
     )
     # The tensors the passes read besides the heads enter `attend` as its

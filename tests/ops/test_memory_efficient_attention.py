@@ -227,14 +227,35 @@ def test_default_key_blocks():
     assert default(2 * long_block, 10**4, False, "tensorflow") is None
     # Then the fewest blocks of at most the backend's size, split evenly (a
     # multiple of 16), so that the padding of the last block stays small.
-    for backend in ("tensorflow", "jax"):
+    # (16 heads·rows on TensorFlow: thin from 4k keys, and LONG_QUERY_ROWS
+    # rows of 2048 keys fill LONG_BLOCK_BYTES, below.)
+    for backend, batch_heads in (("tensorflow", 16), ("jax", 10**4)):
         limit = blocked_attention.LONG_KEY_BLOCK_SIZE[backend]
         for length in (2 * limit + 1, 3 * limit - 5, 5 * limit + 17):
-            block = default(length, 10**4, False, backend)
+            block = default(length, batch_heads, False, backend)
             num_blocks = -(-length // block)
             assert block <= limit and block % 16 == 0
             assert num_blocks == -(-length // limit)
             assert num_blocks * block - length < 16 * num_blocks
+    # On TensorFlow the key blocks also keep LONG_QUERY_ROWS rows within
+    # LONG_BLOCK_BYTES (never under CAUSAL_KEY_BLOCK_SIZE keys), and the
+    # plan's default rows then fill that block: 8 heads at batch 1, 2, 4, 8.
+    rows = blocked_attention.LONG_QUERY_ROWS
+    block_bytes = blocked_attention.block_bytes(True, "tensorflow")
+    assert block_bytes == blocked_attention.LONG_BLOCK_BYTES["tensorflow"]
+    assert blocked_attention.block_bytes(False, "tensorflow") == (
+        blocked_attention.BLOCK_BYTES
+    )
+    assert blocked_attention.block_bytes(True, "jax") == blocked_attention.BLOCK_BYTES
+    for batch, want in [(1, 2048), (2, 2048), (4, 1024), (8, 512), (64, 512)]:
+        block = default(8192, 8 * batch, False, "tensorflow")
+        assert block == want, (batch, block)
+        plan = blocked_attention.Plan(
+            8192, 8192, None, block, 8 * batch, block_bytes=block_bytes
+        )
+        assert plan.query_block == (rows if batch <= 8 else 32)
+        assert 8 * batch * plan.query_block * block * 4 <= block_bytes
+    assert default(8192, 32, False, "jax") == long_block // 2  # JAX: 1024
     # The one-block layout's backward pass splits its keys the same way.
     backward_limit = blocked_attention.BACKWARD_KEY_BLOCK_SIZE
     for length in (backward_limit, backward_limit + 1, 3 * backward_limit - 5):
