@@ -148,15 +148,15 @@ def check_causal(causal) -> bool:
     return causal
 
 
-def check_key_block_size(key_block_size, default):
-    """A positive int or `None`; `"auto"` gives `default`."""
+def check_key_block_size(key_block_size):
+    """A positive int, `None` or `"auto"`."""
     if isinstance(key_block_size, str):
         if key_block_size != "auto":
             raise ValueError(
                 '`key_block_size` must be a positive int, None or "auto". '
                 f"Received: key_block_size={key_block_size!r}"
             )
-        key_block_size = default
+        return key_block_size
     return v.check_positive_int("key_block_size", key_block_size, allow_none=True)
 
 

@@ -11,6 +11,8 @@ an explicit mask sliced per block), so that no `(Tq, Tk)` tensor is built.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from keras import ops
 
 from keras_attn.ops import _hash, counter_random
@@ -153,16 +155,6 @@ def default_key_block_size(
     return _even_block_size(key_length, long_block)
 
 
-def block_bytes(long_layout: bool, backend: str) -> int:
-    """The bytes of one `(B, N, bq, bk)` float32 block that the default query
-    rows keep within: LONG_BLOCK_BYTES of the backend for the long layout
-    (key blocks `default_key_block_size` took for full attention), else
-    BLOCK_BYTES."""
-    if long_layout:
-        return LONG_BLOCK_BYTES.get(backend, BLOCK_BYTES)
-    return BLOCK_BYTES
-
-
 def _even_block_size(length, limit):
     """The size of the fewest blocks of at most `limit` that cover a static
     `length`, of equal size rounded up to a multiple of 16 (the padding of the
@@ -200,14 +192,52 @@ def backward_plan(plan, query_block_size, batch_heads):
     )
 
 
-def max_query_block_size(causal: bool, windowed: bool, backend: str):
-    """The most query rows of a default query block: CAUSAL_BLOCKS's
-    `max_query_rows` for a causal mask without a window on its backends,
-    else MAX_QUERY_BLOCK_SIZE."""
+class Layout(NamedTuple):
+    """The block sizes of a call before its lengths are cut (`Plan`)."""
+
+    # Keys a block: a positive int, or None for all the keys at once.
+    key_block_size: object
+    # The most rows of a default query block.
+    max_query_block_size: int
+    # The bytes of one (B, N, bq, bk) float32 block that default query
+    # blocks keep within.
+    block_bytes: int
+
+
+def default_layout(
+    key_block_size, key_length, batch_heads, causal: bool, windowed: bool, backend: str
+) -> Layout:
+    """The layout of a call on `backend` with `key_block_size` (a positive
+    int, None, or `"auto"`):
+
+    - key blocks: `key_block_size`, or for `"auto"` those of
+      `default_key_block_size`;
+    - query rows: at most CAUSAL_BLOCKS's `max_query_rows` for a causal
+      mask without a window on its backends (whatever the key blocks), else
+      MAX_QUERY_BLOCK_SIZE;
+    - block bytes: LONG_BLOCK_BYTES of the backend for the long layout (key
+      blocks that `"auto"` took for attention without a causal mask or a
+      window), else BLOCK_BYTES.
+
+    `batch_heads` is the batch size times the query heads, a batch size
+    known only when run counted as 1.
+    """
+    masked_blocks = causal or windowed
+    auto = isinstance(key_block_size, str)
+    if auto:
+        key_block_size = default_key_block_size(
+            key_length, batch_heads, masked_blocks, backend, windowed=windowed
+        )
     causal_blocks = CAUSAL_BLOCKS.get(backend)
+    max_rows = MAX_QUERY_BLOCK_SIZE
     if causal and not windowed and causal_blocks is not None:
-        return causal_blocks["max_query_rows"]
-    return MAX_QUERY_BLOCK_SIZE
+        max_rows = causal_blocks["max_query_rows"]
+    long_layout = auto and not masked_blocks and key_block_size is not None
+    return Layout(
+        key_block_size,
+        max_rows,
+        LONG_BLOCK_BYTES.get(backend, BLOCK_BYTES) if long_layout else BLOCK_BYTES,
+    )
 
 
 def _default_query_block_size(

@@ -105,6 +105,7 @@ def memory_efficient_attention(
     rows). The default `query_block_size=None` takes the most queries (16
     to 256; to 512 in TensorFlow's causal blocks) that keep one block within
     `BLOCK_BYTES` (`LONG_BLOCK_BYTES` in TensorFlow's long layout).
+    `blocked_attention.default_layout` decides the three.
 
     Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
     `K` heads for the `N` of `query` (`N` a multiple of `K`; `K = 1` is
@@ -204,17 +205,14 @@ def memory_efficient_attention(
     sliding_window = v.check_positive_int(
         "sliding_window", sliding_window, allow_none=True
     )
-    auto_key_blocks = isinstance(key_block_size, str) and key_block_size == "auto"
-    key_block_size = _checks.check_key_block_size(
-        key_block_size,
-        default=blocked_attention.default_key_block_size(
-            dim(key, 1),
-            # A batch size known only when run counts as 1.
-            batch_heads=(query.shape[0] or 1) * query.shape[2],
-            masked_blocks=causal or sliding_window is not None,
-            backend=keras.backend.backend(),
-            windowed=sliding_window is not None,
-        ),
+    layout = blocked_attention.default_layout(
+        _checks.check_key_block_size(key_block_size),
+        dim(key, 1),
+        # A batch size known only when run counts as 1.
+        batch_heads=(query.shape[0] or 1) * query.shape[2],
+        causal=causal,
+        windowed=sliding_window is not None,
+        backend=keras.backend.backend(),
     )
     dropout_rate = v.check_rate("dropout_rate", dropout_rate)
     causal_offset = _checks.check_causal_offset(causal_offset)
@@ -232,20 +230,11 @@ def memory_efficient_attention(
         query_length,
         key_length,
         query_block_size,
-        key_block_size,
+        layout.key_block_size,
         batch_heads=batch * query.shape[2],
         groups=groups,
-        max_query_block_size=blocked_attention.max_query_block_size(
-            causal, sliding_window is not None, keras.backend.backend()
-        ),
-        block_bytes=blocked_attention.block_bytes(
-            # Full attention's long layout: key blocks the default took.
-            long_layout=auto_key_blocks
-            and not causal
-            and sliding_window is None
-            and key_block_size is not None,
-            backend=keras.backend.backend(),
-        ),
+        max_query_block_size=layout.max_query_block_size,
+        block_bytes=layout.block_bytes,
     )
     # The tensors the passes read besides the heads enter `attend` as its
     # arguments, not from its closure: on JAX a custom gradient that closes

@@ -210,12 +210,27 @@ def test_default_key_blocks():
     # 2,049 keys five blocks of 416, not of 512 (2,560 keys, 511 padding).
     for length, windowed, backend in [(2049, False, "jax"), (2049, True, "tensorflow")]:
         assert default(length, 8, True, backend, windowed=windowed) == 416
-    # ... and query blocks of up to `max_query_rows` there.
-    max_rows = blocked_attention.max_query_block_size
-    assert max_rows(True, False, "tensorflow") == causal_blocks["max_query_rows"]
-    for args in [(True, True, "tensorflow"), (False, False, "tensorflow")]:
-        assert max_rows(*args) == blocked_attention.MAX_QUERY_BLOCK_SIZE
-    assert max_rows(True, False, "jax") == blocked_attention.MAX_QUERY_BLOCK_SIZE
+
+    # ... and query blocks of up to `max_query_rows` there, with the default
+    # key blocks or given ones; a window, full attention and JAX keep
+    # MAX_QUERY_BLOCK_SIZE.
+    def layout(key_block_size, causal, windowed, backend, length=8192):
+        return blocked_attention.default_layout(
+            key_block_size, length, 8, causal, windowed, backend
+        )
+
+    for key_block_size in ("auto", 300, None):
+        got = layout(key_block_size, True, False, "tensorflow")
+        assert got.max_query_block_size == causal_blocks["max_query_rows"]
+        assert got.block_bytes == blocked_attention.BLOCK_BYTES
+        for args in [(True, True, "tensorflow"), (False, False, "tensorflow")]:
+            got = layout(key_block_size, *args)
+            assert got.max_query_block_size == blocked_attention.MAX_QUERY_BLOCK_SIZE
+        got = layout(key_block_size, True, False, "jax")
+        assert got.max_query_block_size == blocked_attention.MAX_QUERY_BLOCK_SIZE
+    assert layout("auto", True, False, "tensorflow").key_block_size == causal_block
+    assert layout(300, True, False, "tensorflow").key_block_size == 300
+    assert layout(None, True, False, "tensorflow").key_block_size is None
     plan = blocked_attention.Plan(8192, 8192, None, 512, 8, max_query_block_size=512)
     assert plan.query_block == 512
     # Otherwise all the keys while the one-block layout's query blocks keep
@@ -240,13 +255,20 @@ def test_default_key_blocks():
     # On TensorFlow the key blocks also keep LONG_QUERY_ROWS rows within
     # LONG_BLOCK_BYTES (never under CAUSAL_KEY_BLOCK_SIZE keys), and the
     # plan's default rows then fill that block: 8 heads at batch 1, 2, 4, 8.
+    # Only "auto"'s long layout keeps its blocks within LONG_BLOCK_BYTES: not
+    # given key blocks, not all the keys, not JAX.
     rows = blocked_attention.LONG_QUERY_ROWS
-    block_bytes = blocked_attention.block_bytes(True, "tensorflow")
+    long_layout = layout("auto", False, False, "tensorflow")
+    assert long_layout.key_block_size == long_block
+    block_bytes = long_layout.block_bytes
     assert block_bytes == blocked_attention.LONG_BLOCK_BYTES["tensorflow"]
-    assert blocked_attention.block_bytes(False, "tensorflow") == (
-        blocked_attention.BLOCK_BYTES
-    )
-    assert blocked_attention.block_bytes(True, "jax") == blocked_attention.BLOCK_BYTES
+    for other in [
+        layout(2048, False, False, "tensorflow"),
+        layout("auto", False, False, "tensorflow", length=2048),  # all the keys
+        layout("auto", False, False, "jax"),
+    ]:
+        assert other.block_bytes == blocked_attention.BLOCK_BYTES
+    assert layout("auto", False, False, "jax").key_block_size == 1024
     for batch, want in [(1, 2048), (2, 2048), (4, 1024), (8, 512), (64, 512)]:
         block = default(8192, 8 * batch, False, "tensorflow")
         assert block == want, (batch, block)
