@@ -105,7 +105,8 @@ def memory_efficient_attention(
     rows). The default `query_block_size=None` takes the most queries (16
     to 256; to 512 in TensorFlow's causal blocks) that keep one block within
     `BLOCK_BYTES` (`LONG_BLOCK_BYTES` in TensorFlow's long layout).
-    `blocked_attention.default_layout` decides the three.
+    `blocked_attention.default_layout` decides the key blocks, the query
+    rows' bound and the block bytes.
 
     Grouped-query attention (Ainslie et al. 2023): `key` and `value` may have
     `K` heads for the `N` of `query` (`N` a multiple of `K`; `K = 1` is

@@ -252,12 +252,8 @@ def test_default_key_blocks():
             assert block <= limit and block % 16 == 0
             assert num_blocks == -(-length // limit)
             assert num_blocks * block - length < 16 * num_blocks
-    # On TensorFlow the key blocks also keep LONG_QUERY_ROWS rows within
-    # LONG_BLOCK_BYTES (never under CAUSAL_KEY_BLOCK_SIZE keys), and the
-    # plan's default rows then fill that block: 8 heads at batch 1, 2, 4, 8.
     # Only "auto"'s long layout keeps its blocks within LONG_BLOCK_BYTES: not
     # given key blocks, not all the keys, not JAX.
-    rows = blocked_attention.LONG_QUERY_ROWS
     long_layout = layout("auto", False, False, "tensorflow")
     assert long_layout.key_block_size == long_block
     block_bytes = long_layout.block_bytes
@@ -269,6 +265,10 @@ def test_default_key_blocks():
     ]:
         assert other.block_bytes == blocked_attention.BLOCK_BYTES
     assert layout("auto", False, False, "jax").key_block_size == 1024
+    # On TensorFlow the key blocks also keep LONG_QUERY_ROWS rows within
+    # LONG_BLOCK_BYTES (never under CAUSAL_KEY_BLOCK_SIZE keys), and the
+    # plan's default rows then fill that block: 8 heads at batch 1, 2, 4, 8.
+    rows = blocked_attention.LONG_QUERY_ROWS
     for batch, want in [(1, 2048), (2, 2048), (4, 1024), (8, 512), (64, 512)]:
         block = default(8192, 8 * batch, False, "tensorflow")
         assert block == want, (batch, block)
