@@ -14,7 +14,7 @@ the blocked forward and the backward pass of its custom gradient.
   (`blocked_attention.backward_plan`).
 
 `ops.map`, `ops.fori_loop` and `ops.scan` run over the blocks one block at
-a time on every backend (`_map`, `_fori_loop`, `_scan`, `_scan_range`); on
+a time on every backend (`_map`, `_fori_loop`, `_scan`, `_scan_range_add`); on
 PyTorch, which runs each op as it comes, they are plain Python loops
 (`_python_loops`).
 """
@@ -122,10 +122,19 @@ def _python_loops() -> bool:
     reference cycle (a recursive closure holding Keras's `is_leaf`, which
     holds the structure) per call: each step's blocks then live until
     Python's garbage collector runs, gigabytes at 8k tokens. Keras's
-    `ops.slice_update` copies the whole tensor on PyTorch, so `_scan_range`'s
+    `ops.slice_update` copies the whole tensor on PyTorch, so `_scan_range_add`'s
     in-place update would copy the full query gradient once per block.
     """
     return keras.backend.backend() == "torch"
+
+
+def _tensorflow_eagerly() -> bool:
+    """Whether this runs on TensorFlow outside a graph."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return tf.executing_eagerly()
 
 
 def _stacked(ys: list, num_outputs: int):
@@ -225,66 +234,58 @@ def _scan(f, init, xs, num_outputs: int = 1):
     return carry, ys[0] if num_outputs == 1 else ys
 
 
-def _scan_range(f, init, xs, start, end, size):
+def _scan_range_add(f, init, xs, start, end, total):
     """`f(carry, x_i, i) -> (carry, y_i)` for `i` in `[start, end)`, one at a
-    time, over the first axis of `xs` (a tuple of tensors of `size`
-    elements); returns the last carry and the `y`s stacked to `size`
-    elements, zeros outside the range. Each `y` has the shape and dtype
-    (float32) of an element of `xs[0]`.
+    time, over the first axis of `xs` (a tuple of tensors); returns the last
+    carry and `total` with each `y_i` added to its element `i`. Each `y` has
+    the shape and dtype (float32) of an element of `total`.
 
-    TensorFlow writes the range to a `TensorArray` and pads it; the other
-    backends update a zero tensor in place (`ops.slice_update` in a
-    `fori_loop`, which XLA does not copy). On TensorFlow an empty range
-    computes the block at `start` instead (clipped to the last), so that
-    the stacked array is never empty: the callers' blocks outside the range
-    are fully masked, so that block adds exact zeros.
+    The sum is written into `total` step by step, in place where the backend
+    can: a scatter-add on TensorFlow (its kernel reuses the buffer it is
+    given when nothing else holds it) and `ops.slice_update` in a
+    `fori_loop` on the other compiled backends (which XLA does not copy),
+    so that no step's outputs are stacked, padded to the whole length and
+    added: at 128k tokens each of those is a copy of the query gradient
+    (128 MiB). Eagerly (PyTorch, or TensorFlow outside a graph, where a
+    scatter-add would copy the whole sum at every step) the steps' outputs
+    are stacked and added once. An empty range returns `total` as it is.
     """
-    if _python_loops():
+    if _python_loops() or _tensorflow_eagerly():
         start, end, carry, ys = int(start), int(end), init, []
         for i in range(start, end):
             carry, y = f(carry, tuple(x[i] for x in xs), i)
             ys.append(y)
         if not ys:
-            return carry, ops.zeros_like(xs[0])
-        rest = tuple(xs[0].shape[1:])
-        return carry, ops.concatenate(
+            return carry, total
+        rest = tuple(total.shape[1:])
+        return carry, total + ops.concatenate(
             [
                 ops.zeros((start, *rest), "float32"),
                 ops.stack(ys),
-                ops.zeros((size - end, *rest), "float32"),
+                ops.zeros((dim(total, 0) - end, *rest), "float32"),
             ]
         )
     if keras.backend.backend() != "tensorflow":
 
         def body(i, state):
-            carry, ys = state
+            carry, total = state
             carry, y = f(carry, tuple(ops.take(x, i, axis=0) for x in xs), i)
-            return carry, ops.slice_update(ys, (i,) + (0,) * len(y.shape), y[None])
+            index = (i,) + (0,) * len(y.shape)
+            return carry, ops.slice_update(
+                total, index, (ops.take(total, i, axis=0) + y)[None]
+            )
 
-        return ops.fori_loop(start, end, body, (init, ops.zeros_like(xs[0])))
+        return ops.fori_loop(start, end, body, (init, total))
     import tensorflow as tf
 
-    start = tf.minimum(start, size - 1)
-    count = tf.maximum(end - start, 1)
-
-    def body(n, carry, ys):
-        i = start + n
+    def body(i, carry, total):
         carry, y = f(carry, tuple(tf.gather(x, i) for x in xs), i)
-        return n + 1, carry, ys.write(n, y)
+        return i + 1, carry, tf.tensor_scatter_nd_add(total, [[i]], y[None])
 
-    _, carry, ys = tf.while_loop(
-        lambda n, *_: n < count,
-        body,
-        (0, init, tf.TensorArray("float32", size=count, infer_shape=False)),
-        parallel_iterations=1,
+    _, carry, total = tf.while_loop(
+        lambda i, *_: i < end, body, (start, init, total), parallel_iterations=1
     )
-    ys = ys.stack()
-    padding = tf.concat(
-        [[[start, size - start - count]], tf.zeros((tf.rank(ys) - 1, 2), "int32")], 0
-    )
-    ys = tf.pad(ys, padding)
-    ys.set_shape(xs[0].shape)
-    return carry, ys
+    return carry, total
 
 
 def _take(blocks, index):
@@ -432,8 +433,8 @@ def backward(saved, key_blocks, value_blocks, plan, masks, dropout):
     blocks that can see each (`masks.query_block_range`) inside. Each pair's
     weights are recomputed from the rows' log-normalisers once, and give all
     three gradients: the key block's in the inner carry (a block, not a
-    full-length accumulator), the query blocks' as the inner scan's
-    outputs, added to the query gradient once per key block.
+    full-length accumulator), the query blocks' added to their rows of the
+    query gradient as each step makes them (`_scan_range_add`).
     """
     query_blocks, upstream_blocks, log_normaliser, delta = saved
     batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
@@ -468,15 +469,15 @@ def backward(saved, key_blocks, value_blocks, plan, masks, dropout):
             return (d_key, d_value), _weighted(d_logits, key, plan.groups)
 
         start, end = masks.query_block_range(j)
-        (d_key, d_value), d_query_block = _scan_range(
+        (d_key, d_value), d_query = _scan_range_add(
             query_step,
             (ops.zeros_like(key), ops.zeros_like(value)),
             (query_blocks, upstream_blocks, log_normaliser, delta, query_flags),
             start,
             end,
-            plan.num_query_blocks,
+            d_query,
         )  # (B, K, bk, H), (B, K, bk, Hv), (nq, B, N, bq, H)
-        return d_query + d_query_block, (d_key, d_value)
+        return d_query, (d_key, d_value)
 
     d_query, (d_key, d_value) = _scan(
         key_block,

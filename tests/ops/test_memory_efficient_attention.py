@@ -176,6 +176,31 @@ def test_outputs_and_gradients_equal_the_explicit_path(kind, layout, request):
         np.testing.assert_array_equal(d_query[0, 3], 0.0)
 
 
+@pytest.mark.tf_only
+@pytest.mark.parametrize("kind", ["negative_offset", "combined", "sliding_window"])
+@pytest.mark.parametrize("layout", ["key_blocks", "all_keys_backward_blocks"])
+def test_small_blocks_in_a_graph(kind, layout, request):
+    # On TensorFlow the backward pass adds each pair's query gradients to
+    # their rows in place inside a graph's loops, and stacks them eagerly
+    # (`blocked_passes._scan_range_add`); the other tests run it eagerly.
+    # These masks give key blocks that some query blocks cannot see (a
+    # part of the query blocks, or none, in each key block's range).
+    if layout == "all_keys_backward_blocks":
+        request.getfixturevalue("backward_blocks")
+    kwargs, full = mask_case(kind)
+    got = outputs_and_gradients(
+        lambda q, k, v: attention(q, k, v, **kwargs, **LAYOUTS[layout]),
+        (Q, K, V),
+        COTANGENT,
+        jit=True,
+    )
+    want = outputs_and_gradients(
+        lambda q, k, v: explicit(q, k, v, full), (Q, K, V), COTANGENT
+    )
+    for g, w in zip([got[0], *got[1]], [want[0], *want[1]], strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["combined", "causal_offset", "sliding_window"])
 def test_default_blocks_compiled(kind):
     kwargs, full = mask_case(kind)

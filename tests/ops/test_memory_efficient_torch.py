@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from keras_attn.ops import memory_efficient_attention
-from keras_attn.ops.blocked_passes import _map, _scan, _scan_range
+from keras_attn.ops.blocked_passes import _map, _scan, _scan_range_add
 
 pytestmark = pytest.mark.torch_only
 
@@ -108,11 +108,15 @@ def test_the_python_loops_equal_keras_ops_loops():
         row, _ = elements
         return carry + row, row * 2.0
 
-    carry, ys = _scan_range(ranged, ops.zeros((3,)), xs, 1, 3, 4)
     rows = ops.convert_to_numpy(xs[0])
+    total = np.full_like(rows, 0.5)
+    half = ops.ones_like(xs[0]) * 0.5
+    carry, summed = _scan_range_add(ranged, ops.zeros((3,)), xs, 1, 3, half)
     equal(carry, rows[1] + rows[2])
-    expected = np.zeros_like(rows)
-    expected[1:3] = 2.0 * rows[1:3]
-    equal(ys, expected)
-    carry, ys = _scan_range(ranged, ops.zeros((3,)), xs, 2, 2, 4)  # an empty range
-    equal(ys, np.zeros_like(rows))
+    expected = total.copy()
+    expected[1:3] += 2.0 * rows[1:3]
+    equal(summed, expected)
+    # An empty range
+    carry, summed = _scan_range_add(ranged, ops.zeros((3,)), xs, 2, 2, half)
+    equal(carry, np.zeros(3))
+    equal(summed, total)
