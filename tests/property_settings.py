@@ -10,7 +10,9 @@ Each property test states its example count for the default run
   prints the `@reproduce_failure` line to pin it.
 
 `KERAS_ATTN_HYPOTHESIS_SCALE` (a float) overrides the profile's factor, e.g.
-`KERAS_ATTN_HYPOTHESIS_SCALE=0.1` for a quick local pass.
+`KERAS_ATTN_HYPOTHESIS_SCALE=0.1` for a quick local pass. `make
+test-backends` runs them on JAX at 0.5 (`BACKEND_HYPOTHESIS_SCALE`: there
+each drawn shape compiles); TensorFlow's and PyTorch's runs draw them all.
 """
 
 from __future__ import annotations

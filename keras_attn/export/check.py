@@ -237,7 +237,12 @@ result["modules"] = sorted(
     if m.split(".")[0] in ("keras", "keras_attn", "keras_hub")
     and sys.modules[m] is not None
 )
-json.dump(result, open(result_path, "w"))
+with open(result_path, "w") as result_file:
+    json.dump(result, result_file)
+# TensorFlow's teardown at exit takes seconds and decides nothing here.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 """
 )
 
@@ -260,13 +265,24 @@ class ServabilityReport:
     signatures: list = field(default_factory=list)
     num_ops: int = 0
     text_ops: list = field(default_factory=list)
-    cli_summary: str = ""
     rest_examples: list = field(default_factory=list)
     serving_release: str | None = None
     tensorflow: str = ""
     size_bytes: int = 0
     load_seconds: float | None = None
     warmup: dict = field(default_factory=dict)
+    # "" where the check stopped before loading the export; None until
+    # `cli_summary` is first read.
+    _cli_summary: str | None = field(default="", repr=False)
+
+    @property
+    def cli_summary(self) -> str:
+        """`saved_model_cli show --all` for the export ("" where the check
+        could not load it). Run on first access: it starts another TensorFlow
+        process, which a caller that never reads it should not wait for."""
+        if self._cli_summary is None:
+            self._cli_summary = saved_model_cli_summary(self.path)
+        return self._cli_summary
 
     @property
     def status(self) -> str:
@@ -528,7 +544,7 @@ def check_servable(
                 metadata["model_name"], requests, checked["examples"]
             )
     report.ok = not report.problems and not report.unverified
-    report.cli_summary = saved_model_cli_summary(path)
+    report._cli_summary = None  # read on first access
     return _finish(report, verbose)
 
 

@@ -16,7 +16,9 @@ Imports no TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 
 import keras
 
@@ -106,7 +108,26 @@ class QuantizableTask:
             def filters(layer):
                 return type(layer) in QUANTIZABLE_LAYERS and id(layer) not in kept
 
-        return super().quantize(mode, config=config, filters=filters, **kwargs)
+        with _one_collection():
+            return super().quantize(mode, config=config, filters=filters, **kwargs)
+
+
+@contextlib.contextmanager
+def _one_collection():
+    """Keras's `Layer.__delattr__` runs a full `gc.collect()` for each
+    variable `quantize` replaces (to free its buffer soon): in a process
+    holding millions of objects each pass takes a sizeable fraction of a
+    second. Within this scope those calls do nothing, and one collection
+    runs at the end, which frees the same buffers."""
+    collect = gc.collect
+    skipped = []
+    gc.collect = lambda *args, **kwargs: skipped.append(args) or 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
+        if skipped:
+            collect()
 
 
 def layer_policy(layer):

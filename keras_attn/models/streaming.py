@@ -130,7 +130,9 @@ def compiled_detokenizer(tokenizer):
     from keras_attn.text.preprocessors import decoded
 
     detokenize = tf.function(
-        tokenizer.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)]
+        tokenizer.detokenize,
+        input_signature=[tf.TensorSpec([None, None], tf.int32)],
+        autograph=False,
     )
 
     def fn(rows):

@@ -217,11 +217,15 @@ def test_export_sampler_option(capsys):
         assert message in capsys.readouterr().err, argv
 
 
-# Slow: two trainings end to end. The model's own draft (generate, export,
+# Slow: a training end to end. The model's own draft (generate, export,
 # model.keras, presets, fresh process) is tested in
-# tests/models/test_language_model_assistant.py.
+# tests/models/test_language_model_assistant.py. CI trains each kind of draft
+# once across the two scripts: distilled here, on the data in
+# tests/examples/test_translate_assistant.py; the other runs are `large`.
 @pytest.mark.slow
-@pytest.mark.parametrize("training", ["distill", "data"])
+@pytest.mark.parametrize(
+    "training", ["distill", pytest.param("data", marks=pytest.mark.large)]
+)
 def test_a_draft_trained_beside_the_model_is_saved_and_used(tmp_path, training):
     from tests.test_case import fresh_json
 

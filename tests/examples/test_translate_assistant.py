@@ -74,11 +74,15 @@ def test_distilling_a_draft_keeps_the_translators_frozen_layers_frozen():
     assert len(translator.trainable_weights) == trainable
 
 
-# Slow: two trainings end to end. The translator's own draft (translate,
-# the export, model.keras, presets, a fresh process) is tested in
-# tests/models/test_translator_assistant.py.
+# Slow: a training end to end. The translator's own draft (translate, the
+# export, model.keras, presets, a fresh process) is tested in
+# tests/models/test_translator_assistant.py. CI trains each kind of draft once
+# across the two scripts: on the data (the default) here, distilled in
+# tests/examples/test_language_model_eval.py; the other runs are `large`.
 @pytest.mark.slow
-@pytest.mark.parametrize("training", ["data", "distill"])
+@pytest.mark.parametrize(
+    "training", ["data", pytest.param("distill", marks=pytest.mark.large)]
+)
 def test_a_draft_trained_beside_the_translator_is_saved_and_used(tmp_path, training):
     out = tmp_path / "run"
     run_script(

@@ -70,9 +70,24 @@ def test_every_export_has_warmup_requests_for_each_signature_and_batch_size(
 
 
 def test_the_check_replays_the_warmup_and_reports_size_and_load_time(
-    small_translator_export,
+    small_translator_export, monkeypatch
 ):
+    from keras_attn.export import check
+
+    summaries = []
+    cli = check.saved_model_cli_summary
+
+    def counted(path):
+        summaries.append(path)
+        return cli(path)
+
+    monkeypatch.setattr(check, "saved_model_cli_summary", counted)
     report = check_servable(small_translator_export.parent, verbose=False)
+    # saved_model_cli (another TensorFlow process) runs when its summary is
+    # first read, and once.
+    assert summaries == []
+    assert "signature_def['translate_with_alignment']" in report.cli_summary
+    assert report.cli_summary and summaries == [str(small_translator_export)]
     assert report.path == str(small_translator_export)  # the highest version
     assert report.ok, str(report)
     assert report.warmup["records"] == 6 and not report.warmup["errors"]

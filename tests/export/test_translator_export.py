@@ -172,8 +172,9 @@ def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported, sign
     "key_dtype, precision",
     [
         # The search and the mixture are tested in process (tests/memory);
-        # this serves them from an export.
-        pytest.param("float32", None, marks=pytest.mark.slow),
+        # the int8 export below serves them in CI, this one in `make
+        # test-large` (60 s on a 2-core AVX2 machine).
+        pytest.param("float32", None, marks=pytest.mark.large),
         # bfloat16 keys are searched as float32 ones (tests/memory/test_knn_mt.py
         # tests them in process); 50 s more of the default run.
         pytest.param("bfloat16", None, marks=pytest.mark.large),

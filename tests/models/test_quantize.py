@@ -215,6 +215,25 @@ def test_quantize_refuses_a_bad_mode_and_a_calibration_mode_without_structure():
     assert quantized_paths(model) == []  # refused before touching a layer
 
 
+def test_quantize_collects_garbage_once_not_once_per_replaced_variable(
+    monkeypatch,
+):
+    """Keras collects garbage for each variable `quantize` replaces; a task
+    collects once, at the end, and Keras's own `gc.collect` is back after."""
+    import gc
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append(args) or 0)
+    collect = gc.collect
+    task = build("language_model")
+    keras.Model.quantize(build("language_model"), "int8")  # Keras's, per variable
+    assert len(calls) > 5
+    calls.clear()
+    task.quantize("int8")
+    assert calls == [()] and gc.collect is collect
+    assert quantized_paths(task) == default_set(build("language_model"))
+
+
 # -- compiled methods, quantized after their first call ------------------------
 #
 # Each task method is called first (its compiled function kept on the task),
