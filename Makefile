@@ -38,7 +38,9 @@ STAMP := $(VENV)/.installed
 #   saved_model_cli summary read lazily, task functions traced without
 #   AutoGraph, `quantize` collecting garbage once, half the property
 #   examples on JAX, two draft trainings `large`) cut that work, and
-#   docs/experiments/2026-12-07-ci-budget.md measures them.
+#   docs/experiments/2026-12-07-ci-budget.md measures them: at b17dda6 the
+#   TensorFlow run took 26:55 (2,078 passed, 4 skipped; another job shared
+#   the cores for about 5 minutes), still over the 20-minute budget here.
 # - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-04, 2 workers
 #   while other work shared the cores: the TensorFlow run 25:24 (1,869
 #   tests, 2,986 worker-seconds), the JAX run 19:37 (1,226 tests, 2,289)
