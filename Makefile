@@ -33,11 +33,12 @@ STAMP := $(VENV)/.installed
 #   skipped; 3,348 worker-seconds) and the JAX run 6:53 (686 passed); in
 #   .ci/run's other steps `test-slow` 29:38 (72 passed) and the JAX half of
 #   `test-backends` 24:49 (747 passed, other jobs on the cores part of the
-#   time). With the installs, `.ci/run` passed its 90 minutes on a machine
-#   of this speed; the changes after it (the servability check's
+#   time). With the installs, `.ci/run` ran past its 90 minutes on a
+#   machine of this speed; the changes after it (the servability check's
 #   saved_model_cli summary read lazily, task functions traced without
 #   AutoGraph, `quantize` collecting garbage once, half the property
-#   examples on JAX, two draft trainings `large`) cut that work, and
+#   examples on JAX, eight end-to-end runs of `test-slow` made `large`) cut
+#   that work, and
 #   docs/experiments/2026-12-07-ci-budget.md measures them: at b17dda6 the
 #   TensorFlow run took 26:55 (2,078 passed, 4 skipped; another job shared
 #   the cores for about 5 minutes), still over the 20-minute budget here.
