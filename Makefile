@@ -70,7 +70,8 @@ PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS) --dist worksteal
 # The op, layer, decoding and memory tests run on every backend. `make test`
 # runs all of them on TensorFlow and, on JAX, the ops and the two attention
 # classes that replace Keras's (JAX_TESTS); `make
-# test-backends` (run by .ci/run after `make test`) runs the rest on JAX
+# test-backends` (whose JAX tests .ci/run runs in `make test SCOPE=ci`'s
+# JAX run) runs the rest on JAX
 # (the other layers, decoding and memory modules; the property tests, whose
 # drawn shapes each compile; the task-level modules of JAX_MODEL_TESTS) and
 # all of them on PyTorch, so CI covers the same tests on each backend.
@@ -139,12 +140,12 @@ check-serving: $(STAMP)
 test: lint test-tf test-jax
 
 test-tf: $(STAMP)
-	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest $(PYTEST_FLAGS)
+	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest $(PYTEST_FLAGS) -m "$(TF_MARKERS)"
 
 # Keras's shipped MultiHeadAttention / GroupQueryAttention suites run on our
 # classes in the TensorFlow run here, on JAX and PyTorch in test-backends.
 test-jax: $(STAMP)
-	KERAS_BACKEND=jax $(VENV)/bin/pytest $(PYTEST_FLAGS) $(wildcard $(JAX_TESTS))
+	KERAS_BACKEND=jax $(JAX_ENVIRONMENT) $(VENV)/bin/pytest $(PYTEST_FLAGS) $(JAX_SELECTION)
 
 $(TORCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet 'torch==$(TORCH_VERSION)'
@@ -157,12 +158,35 @@ test-torch: $(TORCH_STAMP)
 # compiles there: about 600 worker-seconds of the run on a 2-core AVX2
 # machine at the full count); the TensorFlow and PyTorch runs draw them all.
 BACKEND_HYPOTHESIS_SCALE ?= 0.5
+JAX_BACKEND_TESTS := $(filter-out $(JAX_TESTS),$(BACKEND_TESTS)) tests/property tests/models/test_torch_backend.py $(wildcard $(JAX_MODEL_TESTS))
 test-backends: $(STAMP) test-torch
-	KERAS_BACKEND=jax KERAS_ATTN_HYPOTHESIS_SCALE=$(BACKEND_HYPOTHESIS_SCALE) $(VENV)/bin/pytest $(PYTEST_FLAGS) $(filter-out $(JAX_TESTS),$(BACKEND_TESTS)) tests/property tests/models/test_torch_backend.py $(wildcard $(JAX_MODEL_TESTS)) $(addprefix --ignore=,$(filter-out $(BACKEND_TESTS),$(JAX_TESTS)))
+	KERAS_BACKEND=jax KERAS_ATTN_HYPOTHESIS_SCALE=$(BACKEND_HYPOTHESIS_SCALE) $(VENV)/bin/pytest $(PYTEST_FLAGS) $(JAX_BACKEND_TESTS) $(addprefix --ignore=,$(filter-out $(BACKEND_TESTS),$(JAX_TESTS)))
+
+# `make test SCOPE=ci` (what .ci/run runs): the TensorFlow run holds the
+# `slow` tests too (test-slow's), and the JAX run test-backends' JAX tests
+# (at BACKEND_HYPOTHESIS_SCALE): each in one pytest session instead of two,
+# so each backend starts its workers, imports and collects the suite, and
+# builds the session fixtures once, and one run's last long test no longer
+# idles a core before the next run starts. The same tests as `make test`,
+# `make test-slow` and `make test-backends`' JAX half, at the same example
+# counts (the JAX op tests' few hypothesis draws at BACKEND_HYPOTHESIS_SCALE
+# too).
+SCOPE ?= default
+ifeq ($(SCOPE),ci)
+TF_MARKERS := not large
+JAX_ENVIRONMENT := KERAS_ATTN_HYPOTHESIS_SCALE=$(BACKEND_HYPOTHESIS_SCALE)
+JAX_SELECTION := $(BACKEND_TESTS) $(filter-out $(BACKEND_TESTS),$(JAX_BACKEND_TESTS))
+else ifeq ($(SCOPE),default)
+TF_MARKERS := not large and not slow
+JAX_ENVIRONMENT :=
+JAX_SELECTION := $(wildcard $(JAX_TESTS))
+else
+$(error SCOPE must be default or ci. Received: SCOPE=$(SCOPE))
+endif
 
 # End-to-end runs whose parts the default tests cover (marked `slow`: example
 # scripts, served exports, the JAX import without TensorFlow, the
-# distribution bench); CI runs them after `make test`.
+# distribution bench); CI runs them in `make test SCOPE=ci`'s TensorFlow run.
 test-slow: $(STAMP)
 	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest $(PYTEST_FLAGS) -m "slow and not large"
 
