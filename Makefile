@@ -41,7 +41,11 @@ STAMP := $(VENV)/.installed
 #   that work, and
 #   docs/experiments/2026-12-07-ci-budget.md measures them: at b17dda6 the
 #   TensorFlow run took 26:55 (2,078 passed, 4 skipped; another job shared
-#   the cores for about 5 minutes), still over the 20-minute budget here.
+#   the cores for about 5 minutes), still over the 20-minute budget here;
+#   at 0d6b686 28:43 (idle), and CI's own run of .ci/run 85:06. At 83ad764,
+#   which runs CI's TensorFlow and JAX tests in one session each (`make
+#   test SCOPE=ci`), `.ci/run` from a clean clone took 59:30, idle: the
+#   TensorFlow session (default and slow) 33:28, JAX 15:43, PyTorch 5:07.
 # - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-04, 2 workers
 #   while other work shared the cores: the TensorFlow run 25:24 (1,869
 #   tests, 2,986 worker-seconds), the JAX run 19:37 (1,226 tests, 2,289)
