@@ -37,7 +37,8 @@ STAMP := $(VENV)/.installed
 #   machine of this speed; the changes after it (the servability check's
 #   saved_model_cli summary read lazily, task functions traced without
 #   AutoGraph, `quantize` collecting garbage once, half the property
-#   examples on JAX, eight end-to-end runs of `test-slow` made `large`) cut
+#   examples on JAX, eight end-to-end runs of `test-slow` made `large`, two
+#   of them `slow` again since) cut
 #   that work, and
 #   docs/experiments/2026-12-07-ci-budget.md measures them: at b17dda6 the
 #   TensorFlow run took 26:55 (2,078 passed, 4 skipped; another job shared

@@ -391,9 +391,9 @@ def test_language_model_resumes_after_a_kill(tmp_path):
 
 
 # from_bert and its export are tested in tests/models and tests/export;
-# `large` (about 60 s on a 2-core AVX2 machine), as the translation
-# script's pretrained-encoder run is.
-@pytest.mark.large
+# this is CI's one run of a script from a pretrained checkpoint (about 60 s
+# on a 2-core AVX2 machine; the translation script's is `large`).
+@pytest.mark.slow
 def test_sentiment_smoke_fine_tunes_a_pretrained_checkpoint(sentiment_file, tmp_path):
     from tests.test_case import write_bert_checkpoint
 

@@ -12,11 +12,10 @@ from tests.models.test_language_model_assistant import PROMPTS, language_model
 from tests.models.test_speculative_translation import translator
 from tests.models.test_translator_assistant import TEXTS, with_draft
 
-# XLA compiles each shape: about 140 worker-seconds on a 2-core AVX2 machine,
-# where CI's 90 minutes are nearly spent, so `make test-large` runs these;
-# tests/generation/test_export.py compiles a decoding with XLA in the default
-# run.
-pytestmark = [pytest.mark.tf_only, pytest.mark.large]
+# XLA compiles each shape (about 140 worker-seconds on a 2-core AVX2
+# machine): CI runs these (`slow`); tests/generation/test_export.py compiles a
+# decoding with XLA in the default run.
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
 
 
 def compiled_with_xla(task):
