@@ -320,14 +320,10 @@ def exported_with_a_draft(small_tokenizer, tmp_path_factory):
     return model, draft, path
 
 
-def test_an_export_with_a_draft_is_servable_and_completes_as_greedy_decoding(
-    exported_with_a_draft,
-):
+def test_an_export_with_a_draft_completes_as_greedy_decoding(exported_with_a_draft):
     """Speculative decoding in the served graph: the draft's weights in the
     SavedModel, the completions those of plain greedy decoding in process."""
     model, draft, path = exported_with_a_draft
-    report = check_servable(path, verbose=False)
-    assert report.ok, str(report)
     metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
     assert metadata["assistant"] == {
         "kind": "draft_model",
@@ -345,9 +341,20 @@ def test_an_export_with_a_draft_is_servable_and_completes_as_greedy_decoding(
     assert got == model.generate(prompts, max_new_tokens=6)
 
 
-# Slow: test_an_export_with_a_draft_is_servable_and_completes_as_greedy_decoding
-# serves the speculative loop, and tests/generation/test_speculative.py
-# checks prompt lookup's tokens in process.
+# Slow (a TensorFlow process of its own): the export's answers in
+# test_an_export_with_a_draft_completes_as_greedy_decoding, a plain export's
+# servability in test_servable.
+@pytest.mark.slow
+def test_an_export_with_a_draft_is_servable(exported_with_a_draft):
+    _, _, path = exported_with_a_draft
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    assert report.signatures == ["score", "serving_default"]
+
+
+# Slow: test_an_export_with_a_draft_completes_as_greedy_decoding serves the
+# speculative loop, and tests/generation/test_speculative.py checks prompt
+# lookup's tokens in process.
 @pytest.mark.slow
 def test_an_export_with_prompt_lookup_completes_as_greedy_decoding(
     small_tokenizer, tmp_path

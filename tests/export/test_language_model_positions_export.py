@@ -59,19 +59,27 @@ def graph_ops(path):
     return names
 
 
-def test_rotary_grouped_query_export_is_servable(rotary_export):
+def test_rotary_grouped_query_export_answers_as_the_model(rotary_export):
     model, path = rotary_export
-    report = check_servable(path, verbose=False)
-    assert report.ok, str(report)
-    assert report.signatures == ["score", "serving_default"]
     ops = graph_ops(path)
     assert not [op for op in ops if op.startswith("Xla")]
     assert {"Sin", "Cos"} <= ops  # the rotation is in the graph
     assert_answers_match(model, path)
 
 
-# ALiBi and windows in process in tests/layers; the rotary export stays in the default
-# run
+# Slow (a TensorFlow process of its own): the export's ops and answers in
+# test_rotary_grouped_query_export_answers_as_the_model, a learned-position
+# export's servability in test_language_model_export.py's test_servable.
+@pytest.mark.slow
+def test_rotary_grouped_query_export_is_servable(rotary_export):
+    _, path = rotary_export
+    report = check_servable(path, verbose=False)
+    assert report.ok, str(report)
+    assert report.signatures == ["score", "serving_default"]
+
+
+# ALiBi and windows in process in tests/layers; the rotary export's answers
+# stay in the default run
 @pytest.mark.slow
 def test_alibi_sliding_window_export_answers_as_the_model(small_tokenizer, tmp_path):
     model, path = exported_model(

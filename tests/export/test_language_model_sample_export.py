@@ -59,6 +59,11 @@ def served(path, prompts, seeds):
     return [c.decode("utf-8") for c in outputs["completion"].numpy()]
 
 
+# Slow (a TensorFlow process of its own): the signature's answers in
+# test_sample_answers_generate_with_a_seed_per_prompt, its metadata in
+# test_the_sample_signature_is_described, a greedy export's servability and
+# warmup in test_language_model_export.py and tests/export/test_check.py.
+@pytest.mark.slow
 def test_the_sample_signature_is_servable(exported):
     _, path = exported
     report = check_servable(path, examples=["where is", "the"], verbose=False)
@@ -72,6 +77,10 @@ def test_the_sample_signature_is_servable(exported):
     bodies = [json.loads(body) for _, body, _ in report.rest_examples]
     sample_body = next(b for b in bodies if b.get("signature_name") == "sample")
     assert sample_body["inputs"] == {"prompt": ["where is", "the"], "seed": [1, 2]}
+
+
+def test_the_sample_signature_is_described(exported):
+    _, path = exported
     metadata = json.loads((path / "assets.extra" / "keras_attn.json").read_text())
     assert metadata["sampler"] == {
         "class": "TopKSampler",
