@@ -46,7 +46,11 @@ STAMP := $(VENV)/.installed
 #   at 0d6b686 28:43 (idle), and CI's own run of .ci/run 85:06. At 83ad764,
 #   which runs CI's TensorFlow and JAX tests in one session each (`make
 #   test SCOPE=ci`), `.ci/run` from a clean clone took 59:30, idle: the
-#   TensorFlow session (default and slow) 33:28, JAX 15:43, PyTorch 5:07.
+#   TensorFlow session (default and slow) 33:28, JAX 15:43, PyTorch 5:07;
+#   but the host ran about 1.5 times as fast by then (`make test` at
+#   ee077a8 from a clean clone, 08:49: TensorFlow 19:17 with 2,078 passed
+#   and 4 skipped, JAX 4:27), and one session instead of two saved about a
+#   tenth in a same-hour comparison (the experiment record).
 # - Intel Xeon with AVX-512 and VNNI (no BF16, no AMX), 2026-12-04, 2 workers
 #   while other work shared the cores: the TensorFlow run 25:24 (1,869
 #   tests, 2,986 worker-seconds), the JAX run 19:37 (1,226 tests, 2,289)
