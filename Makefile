@@ -149,7 +149,7 @@ check-serving: $(STAMP)
 test: lint test-tf test-jax
 
 test-tf: $(STAMP)
-	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest $(PYTEST_FLAGS) -m "$(TF_MARKERS)"
+	KERAS_BACKEND=tensorflow $(VENV)/bin/pytest $(PYTEST_FLAGS) $(TF_SELECTION)
 
 # Keras's shipped MultiHeadAttention / GroupQueryAttention suites run on our
 # classes in the TensorFlow run here, on JAX and PyTorch in test-backends.
@@ -175,18 +175,18 @@ test-backends: $(STAMP) test-torch
 # `slow` tests too (test-slow's), and the JAX run test-backends' JAX tests
 # (at BACKEND_HYPOTHESIS_SCALE): each in one pytest session instead of two,
 # so each backend starts its workers, imports and collects the suite, and
-# builds the session fixtures once, and one run's last long test no longer
-# idles a core before the next run starts. The same tests as `make test`,
-# `make test-slow` and `make test-backends`' JAX half, at the same example
-# counts (the JAX op tests' few hypothesis draws at BACKEND_HYPOTHESIS_SCALE
-# too).
+# builds the fixtures that default and slow tests share, once. The same
+# tests as `make test`, `make test-slow` and `make test-backends`' JAX half;
+# the JAX op tests' few hypothesis draws are at BACKEND_HYPOTHESIS_SCALE
+# too. The default scope keeps setup.cfg's selection (neither `slow` nor
+# `large`).
 SCOPE ?= default
 ifeq ($(SCOPE),ci)
-TF_MARKERS := not large
+TF_SELECTION := -m "not large"
 JAX_ENVIRONMENT := KERAS_ATTN_HYPOTHESIS_SCALE=$(BACKEND_HYPOTHESIS_SCALE)
 JAX_SELECTION := $(BACKEND_TESTS) $(filter-out $(BACKEND_TESTS),$(JAX_BACKEND_TESTS))
 else ifeq ($(SCOPE),default)
-TF_MARKERS := not large and not slow
+TF_SELECTION :=
 JAX_ENVIRONMENT :=
 JAX_SELECTION := $(wildcard $(JAX_TESTS))
 else
