@@ -135,6 +135,12 @@ class BudgetCosineDecay(keras.callbacks.Callback):
     either runs out, on any machine. The optimizer's learning rate must be a plain
     value (not a schedule); this sets it before every training batch.
 
+    The warm-up is counted in steps, but it also ends once the run's
+    progress reaches `max_warmup_share`, whichever comes first (the rate
+    climbs along the faster of the two ramps): a budget that runs out
+    before `warmup_steps` (a slower machine, a shorter budget) still
+    reaches `peak` and decays to `alpha * peak` by its end.
+
     Args:
         peak: learning rate after warm-up.
         warmup_steps: optimizer steps of linear warm-up from 0.
@@ -146,6 +152,8 @@ class BudgetCosineDecay(keras.callbacks.Callback):
             the warm-up. A run far from convergence, as most time-budgeted
             runs on a CPU are, learns more at the peak and needs only the
             last part of the run to decay.
+        max_warmup_share: the most of the run's progress the warm-up takes,
+            in `(0, 1]`; None: `warmup_steps` alone, however long the run.
     """
 
     def __init__(
@@ -156,6 +164,7 @@ class BudgetCosineDecay(keras.callbacks.Callback):
         budget: TimeBudget | None = None,
         alpha: float = 0.1,
         hold: float = 0.0,
+        max_warmup_share: float | None = 0.25,
     ):
         super().__init__()
         if not peak > 0:
@@ -169,7 +178,15 @@ class BudgetCosineDecay(keras.callbacks.Callback):
             raise ValueError(f"`alpha` must be in [0, 1]. Received: alpha={alpha}")
         if not 0 <= hold < 1:
             raise ValueError(f"`hold` must be in [0, 1). Received: hold={hold}")
+        if max_warmup_share is not None and not 0 < max_warmup_share <= 1:
+            raise ValueError(
+                "`max_warmup_share` must be in (0, 1]. Received: "
+                f"max_warmup_share={max_warmup_share}"
+            )
         self.hold = float(hold)
+        self.max_warmup_share = (
+            None if max_warmup_share is None else float(max_warmup_share)
+        )
         self.peak = float(peak)
         self.warmup_steps = int(warmup_steps)
         self.total_steps = int(total_steps)
@@ -186,7 +203,11 @@ class BudgetCosineDecay(keras.callbacks.Callback):
 
     def rate(self, step: int) -> float:
         if step < self.warmup_steps:
-            return self.peak * (step + 1) / (self.warmup_steps + 1)
+            warmed = (step + 1) / (self.warmup_steps + 1)
+            if self.max_warmup_share is not None:
+                warmed = max(warmed, self.progress(step) / self.max_warmup_share)
+            if warmed < 1.0:
+                return self.peak * warmed
         decayed = max(0.0, self.progress(step) - self.hold) / (1.0 - self.hold)
         cosine = 0.5 * (1.0 + math.cos(math.pi * decayed))
         return self.peak * (self.alpha + (1.0 - self.alpha) * cosine)

@@ -84,7 +84,8 @@ def fit_within_budget(
             (`use_ema=True`): validate, checkpoint and end with it.
         learning_rate: with `steps_per_epoch`, the peak of a
             `BudgetCosineDecay` set before every batch (warm-up over
-            `warmup_steps`, held for the share `lr_hold` of the run, cosine
+            `warmup_steps` or the first quarter of the run, whichever ends
+            first, held for the share `lr_hold` of the run, cosine
             to `decay_alpha * learning_rate` at the end of the epochs, of
             `max_steps` or of the budget, whichever comes first); the
             optimizer must then have a plain learning rate. None: the

@@ -82,9 +82,47 @@ def test_sets_the_optimizer_rate_in_fit():
     assert history.history["learning_rate"][0] == pytest.approx(expected[-1], rel=1e-6)
 
 
+def test_a_budget_shorter_than_the_warm_up_still_peaks_and_decays():
+    # A slow machine: 10 minutes run out long before 400 warm-up steps.
+    budget = FakeBudget(minutes=10, seconds=0.0)
+    schedule = BudgetCosineDecay(1e-3, 400, 10_000, budget=budget, alpha=0.1)
+    budget._seconds = 60.0  # a tenth of the run, step 20
+    assert math.isclose(schedule.rate(20), 1e-3 * 0.1 / 0.25)  # the faster ramp
+    budget._seconds = 150.0  # a quarter: the warm-up is over
+    assert math.isclose(
+        schedule.rate(50), 1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    )
+    budget._seconds = 600.0  # the end of the budget, at step 200 of 400
+    assert math.isclose(schedule.rate(200), 1e-4)
+    # Steps alone: `--steps` shorter than the warm-up.
+    short = BudgetCosineDecay(1e-3, 400, total_steps=100, alpha=0.1)
+    assert math.isclose(short.rate(0), 1e-3 / 401)
+    assert math.isclose(short.rate(10), 1e-3 * 10 / 25)
+    assert math.isclose(
+        short.rate(25), 1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    )
+    assert math.isclose(short.rate(100), 1e-4)
+    # `max_warmup_share=None`: the warm-up in steps only.
+    steps_only = BudgetCosineDecay(1e-3, 400, 100, alpha=0.1, max_warmup_share=None)
+    assert math.isclose(steps_only.rate(99), 1e-3 * 100 / 401)
+    # `1`: the warm-up may take the whole run, and ends with it.
+    whole = BudgetCosineDecay(1e-3, 400, 100, alpha=0.1, max_warmup_share=1.0)
+    assert math.isclose(whole.rate(50), 1e-3 * 0.5)
+
+
+def test_a_warm_up_within_its_share_is_the_steps_ramp():
+    budget = FakeBudget(minutes=10, seconds=100.0)  # a sixth of the run
+    schedule = BudgetCosineDecay(1e-3, 400, 10_000, budget=budget)
+    assert math.isclose(schedule.rate(299), 1e-3 * 300 / 401)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
+        (
+            dict(peak=1e-3, warmup_steps=0, total_steps=1, max_warmup_share=0.0),
+            r"`max_warmup_share` must be in \(0, 1\]. Received: max_warmup_share=0.0",
+        ),
         (dict(peak=0.0, warmup_steps=0, total_steps=1), "peak"),
         (dict(peak=1e-3, warmup_steps=-1, total_steps=1), "warmup_steps"),
         (dict(peak=1e-3, warmup_steps=0, total_steps=0), "total_steps"),
