@@ -125,8 +125,11 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Minutes of training for each of the demo's two models.
+DEMO_MINUTES ?= 3
+
 demo: $(STAMP)
-	$(PY) examples/demo.py --out artifacts/demo
+	$(PY) examples/demo.py --out artifacts/demo --minutes $(DEMO_MINUTES)
 
 # The servability check of every export of `make demo` (the highest version of
 # each model) in the runtime of the newest TF Serving release and the one
