@@ -39,6 +39,7 @@ from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models._task import cached
 from keras_attn.models.layouts import layout_map
 from keras_attn.models.task import serialize_dtype_policy
+from keras_attn.ops.attention_paths import sequence_length_bound
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "alibi")
 # Added to the embeddings; the other two act inside the blocks' attention.
@@ -111,6 +112,23 @@ class _Backbone(SetattrBeforeInit, ExplicitSignatures, keras.Model):
     def token_embedding(self):
         """The `TokenAndPositionEmbedding` (`reverse=True` gives tied logits)."""
         return self.embedding
+
+    def longest_input(self) -> int | None:
+        """The longest sequence this backbone's attention reads: its
+        `sequence_length` where its positions bound the input (learned or
+        sinusoidal positions, which the embedding refuses past it), without
+        keys of another stack (cross-attention); else `None`."""
+        if self.position not in ABSOLUTE_POSITIONS:
+            return None  # rotary / ALiBi: no table, no bound
+        if getattr(self, "cross_attention", False):
+            return None  # the encoder's states: another stack's length
+        return self.sequence_length
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        # Traced with unknown lengths (Keras's retrace, an export), attention
+        # that cannot reach the switch-over builds the explicit path alone.
+        with sequence_length_bound(self.longest_input()):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
 
     # keras-hub's static `get_layout_map(device_mesh, model_parallel_dim_name,
     # data_parallel_dim_name)`, with `fsdp`: `keras_attn.models.layouts`.

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_attn._optimizer import BuildsOptimizerFirst
 from keras_attn.models import _task
 from keras_attn.models._setattr import SetattrBeforeInit
 from keras_attn.models.quantization import QuantizableTask
 
 
-class GenerativeTask(QuantizableTask, SetattrBeforeInit):
+class GenerativeTask(BuildsOptimizerFirst, QuantizableTask, SetattrBeforeInit):
     """Mixin of `TransformerLanguageModel` and the translators (before
     `keras.Model` in the bases)."""
 

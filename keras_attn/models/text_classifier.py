@@ -8,6 +8,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn import _validation as v
+from keras_attn._optimizer import BuildsOptimizerFirst
 from keras_attn.layers.attention_pooling import AttentionPooling
 from keras_attn.models import _task
 from keras_attn.models._saving import ExplicitSignatures
@@ -37,7 +38,7 @@ class MaskedAveragePooling1D(keras.layers.GlobalAveragePooling1D):
 LABELS = ("negative", "positive")
 
 
-class _ClassifierTask(QuantizableTask):
+class _ClassifierTask(BuildsOptimizerFirst, QuantizableTask):
     """`classify` and `export` over a network `token_ids -> (B, 1)`
     probabilities with a `tokenizer` and a `sequence_length`; `quantize`
     keeps the one-unit output layers in float32 by default."""

@@ -10,6 +10,7 @@ from keras_attn._compat_0_2 import blocks_of_config
 from keras_attn.layers import kv_cache
 from keras_attn.models import _task
 from keras_attn.models.backbones import (
+    ABSOLUTE_POSITIONS,
     TransformerDecoderBackbone,
     TransformerEncoderBackbone,
 )
@@ -23,6 +24,7 @@ from keras_attn.models.translator_backbones import (
     decoder_sizes,
     given_backbones,
 )
+from keras_attn.ops.attention_paths import sequence_length_bound
 
 __all__ = ["ENCODER_LAYOUTS", "POSITIONS", "TransformerTranslator"]
 
@@ -236,6 +238,22 @@ class TransformerTranslator(BackboneTask, Translator):
         self.position = decoder_backbone.position
         self.encoder_layer_norm_epsilon = backbone.layer_norm_epsilon
 
+    def longest_input(self) -> int | None:
+        """The longest sequence the model's attention reads: the longer of
+        the source and target `sequence_length`s where both stacks'
+        positions bound their inputs (learned or sinusoidal), else `None`
+        (`keras_attn.ops.sequence_length_bound`)."""
+        source = self.backbone.longest_input()
+        if source is None or self.decoder_backbone.position not in ABSOLUTE_POSITIONS:
+            return None
+        return max(source, self.decoder_backbone.sequence_length)
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        # The decoder's cross-attention reads the source: bounded here, where
+        # both lengths are known.
+        with sequence_length_bound(self.longest_input()):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+
     @property
     def backbones(self) -> tuple:
         return (self.backbone, self.decoder_backbone)
@@ -412,7 +430,8 @@ class TransformerTranslator(BackboneTask, Translator):
         decoder's last hidden states, those the output projection turns into
         `logits` (after the final norm of a pre-norm decoder): the keys of a
         kNN-MT datastore. One call of the model's own graph gives both."""
-        return self._states_model(inputs, training=training)
+        with sequence_length_bound(self.longest_input()):
+            return self._states_model(inputs, training=training)
 
     def attention_maps(self, encoder_inputs, decoder_inputs) -> dict:
         """The attention weights of a teacher-forced pass, float32:

@@ -4,6 +4,7 @@ from keras_attn.ops.attention import dot_product_attention, weighted_sum
 from keras_attn.ops.attention_paths import (
     attention_path,
     fused_kernel_runs,
+    sequence_length_bound,
     switch_over_length,
 )
 from keras_attn.ops.cache import update_cache
@@ -49,6 +50,7 @@ __all__ = [
     "padding_mask_from_lengths",
     "rows_with_keys",
     "scaled_dot_score",
+    "sequence_length_bound",
     "serving_mode",
     "sliding_window_mask",
     "switch_over_length",

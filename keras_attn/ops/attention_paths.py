@@ -4,10 +4,14 @@ whether a fused kernel runs the call, and the one decision between them
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import keras
 from keras import ops
+
+from keras_attn import _validation as v
 
 # The paths `dot_product_attention` can take (see `attention_path`).
 FUSED = "fused"
@@ -31,6 +35,61 @@ def switch_over_length(dtype="float32") -> int:
     """
     dtype = keras.backend.standardize_dtype(dtype)
     return SWITCH_OVER_KEY_LENGTH.get(dtype, SWITCH_OVER_KEY_LENGTH["float32"])
+
+
+_BOUND = threading.local()
+
+
+@contextlib.contextmanager
+def sequence_length_bound(max_length: int | None):
+    """A scope in which no sequence that attention reads is longer than
+    `max_length`: a length that is unknown when a call is traced is taken
+    to be at most that.
+
+    Where lengths are unknown until the graph runs (a TensorFlow
+    `tf.function` traced with `None` lengths, as Keras's `fit` retraces for
+    batches of new lengths and as exports are traced), `flash_attention=None`
+    otherwise builds both the explicit and the memory-efficient path and
+    chooses between them when the graph runs (`"by_length"`). Under a bound
+    below the switch-over length (`switch_over_length(dtype)`) the call
+    takes the explicit path alone, which the longer lengths could not
+    reach: the answers are the same, and the graph has no blocked path to
+    trace, optimise and differentiate (a few times faster to trace on a
+    CPU). Bounds at or above the switch-over change nothing.
+
+    keras-attn's backbones enter it with their `sequence_length` where
+    their positions bound the input (`position="learned"` or
+    `"sinusoidal"`, whose embedding refuses longer static inputs), and
+    `TransformerTranslator` with the longer of its two; enter it around
+    your own trace when your inputs are bounded. It acts where a layer's
+    call is traced or run; nested scopes keep the tightest bound, and
+    `None` adds none.
+
+    Args:
+        max_length: the longest query and key sequence, a positive int, or
+            `None` (no bound of its own).
+
+    Example:
+
+    ```python
+    with keras_attn.ops.sequence_length_bound(128):
+        path = keras_attn.ops.attention_path(key_length=None, query_length=None)
+    assert path == "explicit"
+    ```
+    """
+    v.check_positive_int("max_length", max_length, allow_none=True)
+    previous = getattr(_BOUND, "value", None)
+    if max_length is not None and (previous is None or max_length < previous):
+        _BOUND.value = max_length
+    try:
+        yield
+    finally:
+        _BOUND.value = previous
+
+
+def length_bound() -> int | None:
+    """The innermost `sequence_length_bound`'s bound, or `None` outside one."""
+    return getattr(_BOUND, "value", None)
 
 
 def attention_path(
@@ -76,6 +135,8 @@ def attention_path(
     - `"by_length"`: the lengths are unknown until the graph runs (a
       `tf.function` traced with `None` lengths): `"memory_efficient"` when
       they reach the switch-over below, else `"explicit"`, decided then.
+      Inside `sequence_length_bound(n)` with `n` below the switch-over, an
+      unknown length is at most `n`: `"explicit"`.
 
     `flash_attention` is the layers' argument:
 
@@ -179,8 +240,10 @@ def choose_path(
         return FUSED
     if flash_attention:
         return MEMORY_EFFICIENT
+    # An unknown key length is at most the scope's bound, where one is set.
+    longest_key = length_bound() if key_length is None else key_length
     if (query_length is not None and query_length <= 1) or (
-        key_length is not None and key_length < switch_over_length(dtype)
+        longest_key is not None and longest_key < switch_over_length(dtype)
     ):
         return EXPLICIT
     if query_length is None or key_length is None:

@@ -99,9 +99,12 @@ def test_the_language_model_generates_greedily_as_its_forward_pass(tmp_path):
     assert tokens.shape == (2, 10)
     for row, length in enumerate((4, 2)):
         np.testing.assert_array_equal(tokens[row, :length], prompt[row, :length])
+        # One causal pass over the row: its logits at `position - 1` are
+        # those of the prefix `tokens[row, :position]` (one call, not one
+        # per prefix length: on JAX each new length compiles every op).
+        logits = _numpy(model(tokens[row : row + 1]))
         for position in range(length, 10):
-            logits = _numpy(model(tokens[row : row + 1, :position]))
-            assert tokens[row, position] == 1 + np.argmax(logits[0, -1, 1:])
+            assert tokens[row, position] == 1 + np.argmax(logits[0, position - 1, 1:])
     scores = _numpy(model.score_ids(tokens)["log_likelihood"])
     assert scores.shape == (2,) and np.all(np.isfinite(scores)) and np.all(scores < 0)
     reloaded = _saved_and_loaded(model, tmp_path).score_ids(tokens)
