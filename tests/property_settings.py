@@ -11,7 +11,7 @@ Each property test states its example count for the default run
 
 `KERAS_ATTN_HYPOTHESIS_SCALE` (a float) overrides the profile's factor, e.g.
 `KERAS_ATTN_HYPOTHESIS_SCALE=0.1` for a quick local pass. `make
-test-backends` runs them on JAX at 0.5 (`BACKEND_HYPOTHESIS_SCALE`: there
+test-backends` and CI run them on JAX at 0.25 (`BACKEND_HYPOTHESIS_SCALE`: there
 each drawn shape compiles); TensorFlow's and PyTorch's runs draw them all.
 """
 

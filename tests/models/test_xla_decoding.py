@@ -13,9 +13,10 @@ from tests.models.test_speculative_translation import translator
 from tests.models.test_translator_assistant import TEXTS, with_draft
 
 # XLA compiles each shape (about 140 worker-seconds on a 2-core AVX2
-# machine): CI runs these (`slow`); tests/generation/test_export.py compiles a
-# decoding with XLA in the default run.
-pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
+# machine): `make test-large` runs these (CI ran past its 90 minutes with
+# them); tests/generation/test_export.py compiles a decoding with XLA in the
+# default run.
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow, pytest.mark.large]
 
 
 def compiled_with_xla(task):
