@@ -6,7 +6,7 @@ the test run. The info string says how a block runs:
 
 - ```python            runs in the default test run;
 - ```python slow       trains or exports for tens of seconds: runs with the
-                        slow tests (`make test-slow`, CI);
+                        slow tests (`make test-slow`);
 - ```python large      needs downloads or long training: runs with `-m large`;
 - ```python tf_only    needs TensorFlow (tf.data, SavedModel): TensorFlow run only.
 

@@ -65,8 +65,8 @@ def test_a_perfect_draft_has_every_guess_kept(small_tokenizer):
     assert bench.acceptance_rate(model, other, prompts, 8, 3) < 0.5
 
 
-# About 60 s on a 2-core AVX2 machine: `make test-large` (CI's time is
-# short); test_language_model_rows runs the bench's shared code in CI, and
+# About 60 s on a 2-core AVX2 machine: `make test-large`;
+# test_language_model_rows runs the bench's shared code in `make test-slow`, and
 # tests/models/test_speculative_translation.py the translator's decoding.
 @pytest.mark.large
 def test_translator_rows(small_tokenizer, tmp_path, monkeypatch):

@@ -219,9 +219,10 @@ def test_export_sampler_option(capsys):
 
 # Slow: a training end to end. The model's own draft (generate, export,
 # model.keras, presets, fresh process) is tested in
-# tests/models/test_language_model_assistant.py. CI trains each kind of draft
-# once across the two scripts: distilled here, on the data in
-# tests/examples/test_translate_assistant.py; the other runs are `large`.
+# tests/models/test_language_model_assistant.py. `make test-slow` trains
+# each kind of draft once across the two scripts: distilled here, on the
+# data in tests/examples/test_translate_assistant.py; the other runs are
+# `large`.
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "training", ["distill", pytest.param("data", marks=pytest.mark.large)]

@@ -76,9 +76,10 @@ def test_distilling_a_draft_keeps_the_translators_frozen_layers_frozen():
 
 # Slow: a training end to end. The translator's own draft (translate, the
 # export, model.keras, presets, a fresh process) is tested in
-# tests/models/test_translator_assistant.py. CI trains each kind of draft once
-# across the two scripts: on the data (the default) here, distilled in
-# tests/examples/test_language_model_eval.py; the other runs are `large`.
+# tests/models/test_translator_assistant.py. `make test-slow` trains each
+# kind of draft once across the two scripts: on the data (the default)
+# here, distilled in tests/examples/test_language_model_eval.py; the other
+# runs are `large`.
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "training", ["data", pytest.param("distill", marks=pytest.mark.large)]

@@ -172,7 +172,7 @@ def test_bad_requests_through_the_serve_tag_loader_leave_no_trace(exported, sign
     "key_dtype, precision",
     [
         # The search and the mixture are tested in process (tests/memory);
-        # the int8 export below serves them in CI, this one in `make
+        # the int8 export below serves them in `make test-slow`, this one in `make
         # test-large` (60 s on a 2-core AVX2 machine).
         pytest.param("float32", None, marks=pytest.mark.large),
         # bfloat16 keys are searched as float32 ones (tests/memory/test_knn_mt.py

@@ -96,15 +96,18 @@ def test_a_traced_layer_under_a_bound_holds_the_explicit_path_alone(blocked_trac
     np.testing.assert_allclose(to_numpy(unbounded(x)), eager, atol=1e-6)
 
 
-def _encoder(position, sequence_length=32):
+SIZES = dict(embedding_dim=16, num_layers=1, num_heads=2, intermediate_dim=32)
+
+
+def _encoder(position):
     return TransformerEncoderBackbone(
-        vocabulary_size=50,
-        sequence_length=sequence_length,
-        embedding_dim=16,
-        num_layers=1,
-        num_heads=2,
-        intermediate_dim=32,
-        position=position,
+        vocabulary_size=50, sequence_length=32, position=position, **SIZES
+    )
+
+
+def _decoder(**options):
+    return TransformerDecoderBackbone(
+        vocabulary_size=30, sequence_length=24, **SIZES, **options
     )
 
 
@@ -113,46 +116,24 @@ def test_backbones_are_bounded_where_their_positions_bound_the_input():
     assert _encoder("learned").longest_input() == 32
     assert _encoder("rotary").longest_input() is None
     assert _encoder("alibi").longest_input() is None
-    decoder = dict(
-        vocabulary_size=50,
-        sequence_length=24,
-        embedding_dim=16,
-        num_layers=1,
-        num_heads=2,
-        intermediate_dim=32,
-    )
-    assert TransformerDecoderBackbone(**decoder).longest_input() == 24
+    assert _decoder().longest_input() == 24
     # Cross-attention reads the encoder's states: another stack's length.
-    assert (
-        TransformerDecoderBackbone(**decoder, cross_attention=True).longest_input()
-        is None
-    )
+    assert _decoder(cross_attention=True).longest_input() is None
 
 
 def _translator(position="sinusoidal", source_sequence_length=None):
     if position == "rotary":  # an encoder backbone of its own
-        decoder = TransformerDecoderBackbone(
-            vocabulary_size=30,
-            sequence_length=20,
-            embedding_dim=16,
-            num_layers=1,
-            num_heads=2,
-            intermediate_dim=32,
-            cross_attention=True,
-        )
         return TransformerTranslator(
-            backbone=_encoder("rotary"), decoder_backbone=decoder
+            backbone=_encoder("rotary"),
+            decoder_backbone=_decoder(cross_attention=True),
         )
     return TransformerTranslator(
         source_vocabulary_size=40,
         target_vocabulary_size=30,
         sequence_length=20,
         source_sequence_length=source_sequence_length,
-        embedding_dim=16,
-        num_layers=1,
-        num_heads=2,
-        intermediate_dim=32,
         position=position,
+        **SIZES,
     )
 
 
