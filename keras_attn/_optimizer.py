@@ -16,8 +16,7 @@ def build_optimizer(model) -> bool:
     creates variables (two slots per weight for Adam), and a `tf.function`
     that creates variables is traced a second time before it runs: the
     model's forward and backward pass are traced twice, and each slot is
-    created inside a graph (on a 2-core CPU, a 3-block translator's first
-    step took 59 s, and 27 s with the optimizer built first). Built here
+    created inside a graph. Built here
     from the same variables Keras would give it at that trace (the model's
     trainable variables when training starts), the optimizer is the same
     and the train function is traced once.
