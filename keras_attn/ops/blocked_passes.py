@@ -240,11 +240,15 @@ def _scan_range_add(f, init, xs, start, end, total):
     carry and `total` with each `y_i` added to its element `i`. Each `y` has
     the shape and dtype (float32) of an element of `total`.
 
-    The sum is written into `total` step by step, in place where the backend
-    can: a scatter-add on TensorFlow (its kernel reuses the buffer it is
-    given when nothing else holds it) and `ops.slice_update` in a
-    `fori_loop` on the other compiled backends (which XLA does not copy),
-    so that no step's outputs are stacked, padded to the whole length and
+    The sum is written into `total` step by step, one element at a time:
+    on TensorFlow `total` is taken apart into a `TensorArray` of its
+    elements for the loop, whose steps each replace one element, and
+    stacked again after it (two copies of `total` a call, where a
+    scatter-add into the dense tensor copied all of it at every step: the
+    loop's own references keep its buffer from being reused); on the other
+    compiled
+    backends `ops.slice_update` in a `fori_loop` (which XLA does not
+    copy). No step's outputs are stacked, padded to the whole length and
     added: at 128k tokens each of those is a copy of the query gradient
     (128 MiB). Eagerly (PyTorch, or TensorFlow outside a graph, where a
     scatter-add would copy the whole sum at every step) the steps' outputs
@@ -278,14 +282,25 @@ def _scan_range_add(f, init, xs, start, end, total):
         return ops.fori_loop(start, end, body, (init, total))
     import tensorflow as tf
 
-    def body(i, carry, total):
-        carry, y = f(carry, tuple(tf.gather(x, i) for x in xs), i)
-        return i + 1, carry, tf.tensor_scatter_nd_add(total, [[i]], y[None])
+    # In a graph a `TensorArray` is a `TensorList`: replacing an element
+    # leaves the others' buffers as they are.
+    elements = tf.TensorArray(
+        "float32",
+        size=tf.shape(total)[0],
+        element_shape=total.shape[1:],
+        clear_after_read=False,
+    ).unstack(total)
 
-    _, carry, total = tf.while_loop(
-        lambda i, *_: i < end, body, (start, init, total), parallel_iterations=1
+    def body(i, carry, elements):
+        carry, y = f(carry, tuple(tf.gather(x, i) for x in xs), i)
+        return i + 1, carry, elements.write(i, elements.read(i) + y)
+
+    _, carry, elements = tf.while_loop(
+        lambda i, *_: i < end, body, (start, init, elements), parallel_iterations=1
     )
-    return carry, total
+    summed = elements.stack()
+    summed.set_shape(total.shape)
+    return carry, summed
 
 
 def _take(blocks, index):

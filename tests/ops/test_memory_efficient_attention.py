@@ -201,6 +201,33 @@ def test_small_blocks_in_a_graph(kind, layout, request):
         np.testing.assert_allclose(g, w, atol=1e-5)
 
 
+@pytest.mark.tf_only
+@pytest.mark.parametrize("layout", ["key_blocks", "all_keys_backward_blocks"])
+def test_graph_backward_replaces_one_query_block_per_step(layout, request):
+    # In a graph the backward pass adds each step's query gradients to one
+    # element of a `TensorArray` (a `TensorList`). A scatter-add into the
+    # dense `(nq, B, N, bq, H)` gradient copied all of it at every step (the
+    # loop's own references keep its buffer from being reused): a copy of
+    # the query gradient per block pair, a tenth of the time at 32k tokens.
+    import tensorflow as tf
+
+    if layout == "all_keys_backward_blocks":
+        request.getfixturevalue("backward_blocks")
+    kwargs, _ = mask_case("combined")
+
+    @tf.function
+    def step(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            outputs = attention(q, k, v, **kwargs, **LAYOUTS[layout])
+            loss = tf.reduce_sum(outputs * COTANGENT)
+        return tape.gradient(loss, [q, k, v])
+
+    types = graph_op_types(step.get_concrete_function(Q, K, V))
+    assert "TensorListSetItem" in types
+    assert not types & {"TensorScatterAdd", "TensorScatterUpdate", "ScatterNd"}
+
+
 @pytest.mark.parametrize("kind", ["combined", "causal_offset", "sliding_window"])
 def test_default_blocks_compiled(kind):
     kwargs, full = mask_case(kind)
