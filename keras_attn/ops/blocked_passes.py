@@ -244,13 +244,12 @@ def _scan_range_add(f, init, xs, start, end, total):
     on TensorFlow `total` is taken apart into a `TensorArray` of its
     elements for the loop, whose steps each replace one element, and
     stacked again after it (two copies of `total` a call, where a
-    scatter-add into the dense tensor copied all of it at every step: the
-    loop's own references keep its buffer from being reused); on the other
-    compiled
-    backends `ops.slice_update` in a `fori_loop` (which XLA does not
-    copy). No step's outputs are stacked, padded to the whole length and
-    added: at 128k tokens each of those is a copy of the query gradient
-    (128 MiB). Eagerly (PyTorch, or TensorFlow outside a graph, where a
+    scatter-add into the dense tensor copied all of it at every step:
+    TensorFlow's scatter kernels did not reuse their input's buffer); on
+    the other compiled backends `ops.slice_update` in a `fori_loop` (which
+    XLA does not copy). No step's outputs are stacked, padded to the whole
+    length and added: at 128k tokens each of those is a copy of the query
+    gradient (128 MiB). Eagerly (PyTorch, or TensorFlow outside a graph, where a
     scatter-add would copy the whole sum at every step) the steps' outputs
     are stacked and added once. An empty range returns `total` as it is.
     """

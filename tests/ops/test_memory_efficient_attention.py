@@ -206,9 +206,10 @@ def test_small_blocks_in_a_graph(kind, layout, request):
 def test_graph_backward_replaces_one_query_block_per_step(layout, request):
     # In a graph the backward pass adds each step's query gradients to one
     # element of a `TensorArray` (a `TensorList`). A scatter-add into the
-    # dense `(nq, B, N, bq, H)` gradient copied all of it at every step (the
-    # loop's own references keep its buffer from being reused): a copy of
-    # the query gradient per block pair, a tenth of the time at 32k tokens.
+    # dense `(nq, B, N, bq, H)` gradient copied all of it at every step
+    # (TensorFlow's scatter kernels did not reuse their input's buffer): a
+    # copy of the query gradient per block pair, a tenth of the time at 32k
+    # tokens.
     import tensorflow as tf
 
     if layout == "all_keys_backward_blocks":
