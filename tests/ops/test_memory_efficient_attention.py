@@ -229,6 +229,39 @@ def test_graph_backward_replaces_one_query_block_per_step(layout, request):
     assert not types & {"TensorScatterAdd", "TensorScatterUpdate", "ScatterNd"}
 
 
+@pytest.mark.tf_only
+@pytest.mark.parametrize("dropout", [False, True])
+def test_graph_backward_subtracts_inside_the_block_products(dropout):
+    # Without dropout the backward pass folds each row's log-normaliser and
+    # `D = Σ dO·O` into the block products as one more column (`[q, -l] ·
+    # [k, 1]`, `[dO, -D] · [v, 1]`): no elementwise subtraction passes over
+    # a `(B, N, bq, bk)` block, each a read and a write of it. Under dropout
+    # the weights' gradient is scaled first and `D` is subtracted after.
+    import tensorflow as tf
+
+    kwargs, _ = mask_case("combined")
+    if dropout:
+        kwargs.update(
+            dropout_rate=0.2,
+            training=True,
+            seed_generator=keras.random.SeedGenerator(1),
+        )
+    block = LAYOUTS["key_blocks"]
+
+    @tf.function
+    def step(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            outputs = attention(q, k, v, **kwargs, **block)
+            loss = tf.reduce_sum(outputs * COTANGENT)
+        return tape.gradient(loss, [q, k, v])
+
+    shape = (B, N, block["query_block_size"], block["key_block_size"])
+    types = block_op_types(step.get_concrete_function(Q, K, V).graph, shape)
+    assert {"Exp", "Mul"} <= types  # the weights and their logits' gradient
+    assert ("Sub" in types) == dropout
+
+
 @pytest.mark.parametrize("kind", ["combined", "causal_offset", "sliding_window"])
 def test_default_blocks_compiled(kind):
     kwargs, full = mask_case(kind)
@@ -786,6 +819,24 @@ def graph_op_types(concrete_function) -> set:
     types = {node.op for node in graph_def.node}
     for function in graph_def.library.function:
         types |= {node.op for node in function.node_def}
+    return types
+
+
+def block_op_types(graph, shape) -> set:
+    """Op types of `graph` and of every function graph it calls (loop
+    bodies, branches, the custom gradient) whose first output has `shape`."""
+    types = set()
+    for op in graph.get_operations():
+        if op.outputs and op.outputs[0].shape == tuple(shape):
+            types.add(op.type)
+        for attr in ("body", "cond", "then_branch", "else_branch", "f"):
+            try:
+                name = op.get_attr(attr).name
+            except (ValueError, AttributeError):
+                continue
+            function = graph._get_function(name)
+            if function is not None:
+                types |= block_op_types(function.graph, shape)
     return types
 
 
