@@ -479,7 +479,7 @@ def backward(saved, key_blocks, value_blocks, plan, masks, dropout):
         key, value, key_flags, j = elements  # (B, K, bk, H), (B, K, bk, Hv)
         key_flags = _real_flags(key_flags, masks.key_blocks)
         if fold:
-            ones = ops.ones((batch, dim(key, 1), dim(key, 2), 1), key.dtype)
+            ones = ops.ones((dim(key, 0), dim(key, 1), dim(key, 2), 1), key.dtype)
             key_rows, value_rows = _with_column(key, ones), _with_column(value, ones)
 
         def query_step(carry, elements, i):
