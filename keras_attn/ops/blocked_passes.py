@@ -433,29 +433,9 @@ def forward(query_blocks, key_blocks, value_blocks, plan, masks, dropout):
     )
 
 
-def _block_weights(query, log_normaliser, key, i, j, masks, query_flags, key_flags):
-    """Recomputed normalised weights `(B, N, bq, bk)` float32 of block `(i, j)`."""
-    logits = _masked_logits(query, key, i, j, masks, query_flags, key_flags)
-    return ops.exp(logits - log_normaliser)
-
-
 def _with_column(x, column):
     """`x` `(B, N|K, b, D)` with `column` `(B, N|K, b, 1)` appended: `(…, D + 1)`."""
     return ops.concatenate([x, ops.cast(column, x.dtype)], axis=-1)
-
-
-def _fold_row_terms(dropout) -> bool:
-    """Whether the backward pass folds each row's subtracted term into the
-    block products: always, but under dropout.
-
-    `s - l` is `[q, -l] · [k, 1]`, and `dP - D` is `[dO, -D] · [v, 1]`: a
-    column more in two of the five products (1/H more arithmetic in each)
-    instead of two elementwise passes over every `(B, N, bq, bk)` block
-    pair, each a read and a write of the whole block. With dropout the
-    weights' gradient is scaled before `D` is subtracted, so the
-    subtraction stays where it is.
-    """
-    return dropout is None
 
 
 def backward(saved, key_blocks, value_blocks, plan, masks, dropout):
@@ -468,50 +448,47 @@ def backward(saved, key_blocks, value_blocks, plan, masks, dropout):
     three gradients: the key block's in the inner carry (a block, not a
     full-length accumulator), the query blocks' added to their rows of the
     query gradient as each step makes them (`_scan_range_add`).
+
+    Each row's subtracted terms ride in the block products as one more
+    column: `s - l` is `[q, -l] · [k, 1]` and, without dropout, `dP - D`
+    is `[dO, -D] · [v, 1]` (1/H more arithmetic in two of the five
+    products instead of two elementwise passes over every `(B, N, bq, bk)`
+    block pair, each a read and a write of the whole block). Dropout scales
+    `dP` before `D` is subtracted, so there `D` is subtracted after.
     """
     query_blocks, upstream_blocks, log_normaliser, delta = saved
     batch, heads = dim(query_blocks, 1), dim(query_blocks, 2)
     query_flags = _flags_or_dummy(masks.query_blocks, plan.num_query_blocks)
 
-    fold = _fold_row_terms(dropout)
-
     def key_block(d_query, elements):
         key, value, key_flags, j = elements  # (B, K, bk, H), (B, K, bk, Hv)
         key_flags = _real_flags(key_flags, masks.key_blocks)
-        if fold:
-            ones = ops.ones((dim(key, 0), dim(key, 1), dim(key, 2), 1), key.dtype)
-            key_rows, value_rows = _with_column(key, ones), _with_column(value, ones)
+        ones = ops.ones((dim(key, 0), dim(key, 1), dim(key, 2), 1), key.dtype)
+        key_rows, value_rows = _with_column(key, ones), _with_column(value, ones)
 
         def query_step(carry, elements, i):
             d_key, d_value = carry
             query, upstream, row_log_normaliser, row_delta, row_flags = elements
             # (B, N, bq, H), (B, N, bq, Hv), (B, N, bq, 1) twice, (B, bq)
-            row_flags = _real_flags(row_flags, masks.query_blocks)
-            if fold:
-                # s - l and dP - D: each subtraction a column of its product.
-                logits = _masked_logits(
-                    _with_column(query, -row_log_normaliser),
-                    key_rows,
-                    i,
-                    j,
-                    masks,
-                    row_flags,
-                    key_flags,
-                )
-                weights = dropped = ops.exp(logits)  # (B, N, bq, bk)
-                d_shifted = _scores(
+            logits = _masked_logits(
+                _with_column(query, -row_log_normaliser),
+                key_rows,
+                i,
+                j,
+                masks,
+                _real_flags(row_flags, masks.query_blocks),
+                key_flags,
+            )  # s - l
+            weights = ops.exp(logits)  # (B, N, bq, bk)
+            if dropout is None:
+                dropped = weights
+                d_shifted = _scores(  # dP - D
                     _with_column(upstream, -row_delta), value_rows, plan.groups
                 )
             else:
-                weights = _block_weights(
-                    query, row_log_normaliser, key, i, j, masks, row_flags, key_flags
-                )  # (B, N, bq, bk)
-                d_weights = _scores(upstream, value, plan.groups)  # (B, N, bq, bk)
-                dropped = weights
-                if dropout is not None:
-                    factors = dropout.scale(i, j, batch, heads)
-                    dropped, d_weights = weights * factors, d_weights * factors
-                d_shifted = d_weights - row_delta
+                factors = dropout.scale(i, j, batch, heads)
+                dropped = weights * factors
+                d_shifted = _scores(upstream, value, plan.groups) * factors - row_delta
             d_value = d_value + _key_side(dropped, upstream, plan.groups)
             d_logits = weights * d_shifted  # (B, N, bq, bk)
             d_key = d_key + _key_side(d_logits, query, plan.groups)
